@@ -1,0 +1,5 @@
+import sys
+
+from e2e.cli import main
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""Control-plane binaries, built from the pinned Go tools modules under `e2e/tools/` into a
+per-user cache keyed by what determines the build, so they are rebuilt only when a pin changes.
+
+Never written inside the repository. The cache root is `$VKPROVIDER_CACHE_DIR`, else
+`$XDG_CACHE_HOME/vkprovider`, else `~/.cache/vkprovider`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOLS_DIR = Path(__file__).parent / "tools"
+
+#: Every binary the lab runs, and the tools module that builds it.
+BINARIES = {
+    "etcd": "etcd",
+    "kube-apiserver": "k8s",
+    "kube-scheduler": "k8s",
+    "kube-controller-manager": "k8s",
+    "kubectl": "k8s",
+    "kwok": "kwok",
+}
+
+
+class BinaryError(RuntimeError):
+    """A binary is missing, broken, or could not be built."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolBuild:
+    """How one tools module is built: which packages, named how, with which link flags."""
+
+    module: str
+    main_module: str  # the required module whose version names the build
+    packages: dict[str, str]  # output binary name -> Go package path
+    ldflags: tuple[str, ...] = ()
+
+    @property
+    def module_dir(self) -> Path:
+        return TOOLS_DIR / self.module
+
+    def version(self) -> str:
+        gomod = (self.module_dir / "go.mod").read_text()
+        match = re.search(rf"^\s*(?:require\s+)?{re.escape(self.main_module)}\s+(v\S+)", gomod, re.MULTILINE)
+        if not match:
+            raise BinaryError(f"{self.module_dir}/go.mod does not require {self.main_module}")
+        return match.group(1)
+
+
+def _k8s_ldflags(version: str) -> tuple[str, ...]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {pkg}.gitVersion={version}", f"-X {pkg}.gitMajor={major}", f"-X {pkg}.gitMinor={minor}"]
+        flags += [f"-X {pkg}.gitTreeState=clean"]
+    return tuple(flags)
+
+
+def tool_builds() -> dict[str, ToolBuild]:
+    k8s = ToolBuild(
+        module="k8s",
+        main_module="k8s.io/kubernetes",
+        packages={name: f"k8s.io/kubernetes/cmd/{name}" for name, mod in BINARIES.items() if mod == "k8s"},
+    )
+    k8s = ToolBuild(
+        module=k8s.module, main_module=k8s.main_module, packages=k8s.packages, ldflags=_k8s_ldflags(k8s.version())
+    )
+    return {
+        "k8s": k8s,
+        "etcd": ToolBuild(
+            module="etcd",
+            main_module="go.etcd.io/etcd/server/v3",
+            packages={"etcd": "go.etcd.io/etcd/server/v3"},
+            ldflags=("-s", "-w"),
+        ),
+        "kwok": ToolBuild(
+            module="kwok",
+            main_module="sigs.k8s.io/kwok",
+            packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+            ldflags=("-s", "-w"),
+        ),
+    }
+
+
+def cache_root() -> Path:
+    if os.environ.get("VKPROVIDER_CACHE_DIR"):
+        return Path(os.environ["VKPROVIDER_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "vkprovider"
+
+
+def _go_version() -> str:
+    try:
+        return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BinaryError(f"the Go toolchain is needed to build the lab's binaries: {exc}") from exc
+
+
+def build_key(build: ToolBuild, go_version: str) -> str:
+    """What determines a build: the pins (go.mod, go.sum), the link flags and the Go version."""
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        digest.update((build.module_dir / name).read_bytes())
+    digest.update("\0".join(build.ldflags).encode())
+    digest.update(go_version.encode())
+    return f"{build.module}-{build.version()}-{digest.hexdigest()[:12]}"
+
+
+def _log(message: str) -> None:
+    print(f"[e2e] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_built(build: ToolBuild, *, go_version: str | None = None) -> Path:
+    """The directory holding this tools module's binaries, building it first if needed."""
+    go_version = go_version or _go_version()
+    root = cache_root() / "bin"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / build_key(build, go_version)
+    if all((target / name).is_file() for name in build.packages):
+        return target
+    with open(root / f".lock-{build.module}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a waiter finds the result
+        if all((target / name).is_file() for name in build.packages):
+            return target
+        tmp = root / f".tmp-{target.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
+        started = time.monotonic()
+        _log(
+            f"building {', '.join(build.packages)} ({build.main_module} {build.version()}); a cold build takes minutes"
+        )
+        for name, package in build.packages.items():
+            cmd = ["go", "build", "-trimpath", "-o", str(tmp / name), "-ldflags", " ".join(build.ldflags), package]
+            result = subprocess.run(cmd, cwd=build.module_dir, env=env, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tail = "\n".join(result.stderr.strip().splitlines()[-20:])
+                raise BinaryError(f"go build {package} failed:\n{tail}")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        _log(f"built {build.module} in {time.monotonic() - started:.0f}s into {target}")
+        return target
+
+
+def ensure_all() -> dict[str, Path]:
+    """Paths of every binary the lab needs, building what is missing."""
+    go_version = _go_version()
+    dirs = {module: ensure_built(build, go_version=go_version) for module, build in tool_builds().items()}
+    return {name: dirs[module] / name for name, module in BINARIES.items()}
+
+
+def from_dir(bin_dir: Path) -> dict[str, Path]:
+    """Binaries taken from one directory (`--bin-dir`), checked to exist and be executable."""
+    paths = {name: bin_dir / name for name in BINARIES}
+    for name, path in paths.items():
+        if not path.is_file():
+            raise BinaryError(f"binary {name} not found at {path}")
+        if not os.access(path, os.X_OK):
+            raise BinaryError(f"binary {name} at {path} is not executable")
+    return paths
+
+
+def link_dir(paths: dict[str, Path], into: Path) -> Path:
+    """A directory of symlinks to the given binaries: one place to point at, e.g. for PATH."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name, path in paths.items():
+        link = into / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(path)
+    return into

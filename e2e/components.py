@@ -1,0 +1,201 @@
+"""Command lines of the lab's processes, as pure functions of ports, paths and versions.
+
+Kept free of I/O so the flag sets can be read and tested in one place. Sources for the flags:
+shared/reference/control_plane.md (envtest, kwokctl and local-up-cluster flag sets, the 1.37
+gang-scheduling gates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Native gang (Workload/PodGroup, beta in 1.37) and topology-aware workload scheduling.
+FEATURE_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+#: v1beta1 carries Workload and PodGroup; v1alpha3 the alpha building blocks (CompositePodGroup).
+RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true"
+SERVICE_CIDR = "10.96.0.0/16"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+CONTROLLERS = (
+    "namespace-controller",
+    "clusterrole-aggregation-controller",
+    "podgroup-protection-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "garbage-collector-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
+    "pod-garbage-collector-controller",
+    "root-ca-certificate-publisher-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "disruption-controller",
+    "resourcequota-controller",
+    "certificatesigningrequest-signing-controller",
+    "certificatesigningrequest-approving-controller",
+    "certificatesigningrequest-cleaner-controller",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterFiles:
+    """Where one cluster's PKI and configuration live."""
+
+    dir: Path
+    kubeconfig: Path  # admin kubeconfig, used by the components too
+
+    @property
+    def pki(self) -> Path:
+        return self.dir / "pki"
+
+    def pem(self, stem: str, ext: str = "crt") -> Path:
+        return self.pki / f"{stem}.{ext}"
+
+    @property
+    def sa_key(self) -> Path:
+        return self.pki / "service-account.key"
+
+    @property
+    def sa_public(self) -> Path:
+        return self.pki / "service-account.pub"
+
+
+def etcd_argv(*, binary: Path, data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    return [
+        str(binary),
+        "--name=lab",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=lab={peer}",
+        # tmpfs and no fsync: the lab's data is disposable, and fsync dominates write latency.
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=8589934592",
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=5m",
+        "--snapshot-count=100000",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(*, binary: Path, files: ClusterFiles, cluster: str, port: int, etcd_port: int) -> list[str]:
+    return [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        f"--etcd-prefix=/registry/{cluster}",  # one etcd, one key space per cluster
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",  # 1.37 refuses a loopback advertise address otherwise
+        f"--tls-cert-file={files.pem('apiserver')}",
+        f"--tls-private-key-file={files.pem('apiserver', 'key')}",
+        f"--client-ca-file={files.pem('ca')}",
+        f"--kubelet-client-certificate={files.pem('apiserver-kubelet-client')}",
+        f"--kubelet-client-key={files.pem('apiserver-kubelet-client', 'key')}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={files.sa_public}",
+        f"--service-account-signing-key-file={files.sa_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        f"--feature-gates={FEATURE_GATES}",
+        f"--runtime-config={RUNTIME_CONFIG}",
+        # Loopback benchmarks push thousands of requests a second; the defaults (400/200) would
+        # measure the apiserver's throttle rather than our code.
+        "--max-requests-inflight=1000",
+        "--max-mutating-requests-inflight=500",
+        "--profiling=false",
+        "--v=0",
+    ]
+
+
+def _component_common(files: ClusterFiles, port: int) -> list[str]:
+    return [
+        f"--kubeconfig={files.kubeconfig}",
+        f"--authentication-kubeconfig={files.kubeconfig}",
+        f"--authorization-kubeconfig={files.kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={files.dir / 'serving'}",
+        "--profiling=false",
+    ]
+
+
+def scheduler_config(*, files: ClusterFiles) -> str:
+    """KubeSchedulerConfiguration: the client QPS defaults (50/100) would cap binding at about
+    50 pods/s, far below what the dispatch benchmarks offer."""
+    return (
+        "apiVersion: kubescheduler.config.k8s.io/v1\n"
+        "kind: KubeSchedulerConfiguration\n"
+        "clientConnection:\n"
+        f"  kubeconfig: {files.kubeconfig}\n"
+        "  qps: 1000\n"
+        "  burst: 2000\n"
+        "leaderElection:\n"
+        "  leaderElect: false\n"
+    )
+
+
+def scheduler_argv(*, binary: Path, files: ClusterFiles, port: int) -> list[str]:
+    return [
+        str(binary),
+        f"--config={files.dir / 'scheduler.yaml'}",
+        f"--authentication-kubeconfig={files.kubeconfig}",
+        f"--authorization-kubeconfig={files.kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={files.dir / 'serving'}",
+        f"--feature-gates={FEATURE_GATES}",
+    ]
+
+
+def controller_manager_argv(*, binary: Path, files: ClusterFiles, port: int) -> list[str]:
+    return [
+        str(binary),
+        *_component_common(files, port),
+        f"--controllers={','.join(CONTROLLERS)}",
+        f"--service-account-private-key-file={files.sa_key}",
+        f"--root-ca-file={files.pem('ca')}",
+        # Signs approved CSRs (kubelet-serving ones included) with the cluster CA.
+        f"--cluster-signing-cert-file={files.pem('ca')}",
+        f"--cluster-signing-key-file={files.pem('ca', 'key')}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--feature-gates=GenericWorkload=true",
+        # Faster than the defaults so outage tests do not wait minutes; still longer than a
+        # lease renewal (10 s) so healthy nodes never flap.
+        "--node-monitor-grace-period=40s",
+        "--node-monitor-period=5s",
+        "--concurrent-deployment-syncs=10",
+        "--concurrent-replicaset-syncs=10",
+        "--concurrent-job-syncs=10",
+        "--concurrent-gc-syncs=30",
+        "--kube-api-qps=500",
+        "--kube-api-burst=1000",
+    ]
+
+
+def kwok_argv(*, binary: Path, files: ClusterFiles, stages: Path, pod_cidr: str, port: int) -> list[str]:
+    return [
+        str(binary),
+        f"--kubeconfig={files.kubeconfig}",
+        "--manage-all-nodes=false",
+        # Only nodes the lab created: never a virtual node that a test registers in a member.
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+        f"--config={stages}",
+        "--node-lease-duration-seconds=40",
+        f"--cidr={pod_cidr}",
+        f"--server-address=127.0.0.1:{port}",
+    ]

@@ -1,0 +1,490 @@
+"""Bringing the lab up and down: one shared etcd on tmpfs, then per cluster a kube-apiserver,
+kube-scheduler, kube-controller-manager and (members) KWOK with simulated nodes.
+
+Every process is recorded in the state directory the moment it starts, so a failed `up` and a
+later `down` stop exactly what was started and nothing else. Failures surface as `LabError`
+with a one-line message naming the process and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from e2e import binaries, components, kubeconfig, nodes, pki, ports, procs, state
+from e2e.state import ClusterState, LabState, ProcessState
+from vkprovider.kube import AlreadyExists, ApiError, KubeClient, load_kubeconfig
+
+CRD_DIR = Path(__file__).parent / "crds"
+STAGES = Path(__file__).parent / "kwok" / "stages.yaml"
+TMPFS = Path("/dev/shm")
+START_TIMEOUT = 120.0
+ONLINE_PRIORITY_CLASS = "online-high"
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; the message is one line meant for a person."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabSpec:
+    members: int = 3
+    nodes_per_member: int = 20
+    profiles: tuple[str, ...] = ()  # per member; default cycles cpu, gpu-v100, gpu-t4
+    port_base: int | None = None
+    bin_dir: Path | None = None
+
+    def cluster_names(self) -> list[str]:
+        return ["offline"] + [f"member-{i}" for i in range(1, self.members + 1)]
+
+    def profile_of(self, member_index: int) -> str:
+        if self.profiles:
+            return self.profiles[(member_index - 1) % len(self.profiles)]
+        return nodes.member_profile(member_index)
+
+
+def _say(message: str) -> None:
+    print(f"[e2e] {message}", file=sys.stderr, flush=True)
+
+
+def lab_id(state_dir: Path) -> str:
+    return "vkprovider-lab-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+
+
+def is_running(lab: LabState) -> bool:
+    return any(procs.alive(p.pid, lab.marker) for p in lab.all_processes())
+
+
+def _resolve_binaries(spec: LabSpec) -> dict[str, Path]:
+    try:
+        return binaries.from_dir(spec.bin_dir) if spec.bin_dir else binaries.ensure_all()
+    except binaries.BinaryError as exc:
+        raise LabError(str(exc).splitlines()[0]) from exc
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def _write_cluster_files(lab: LabState, cluster: ClusterState) -> components.ClusterFiles:
+    files = components.ClusterFiles(dir=lab.root / "clusters" / cluster.name, kubeconfig=lab.kubeconfig(cluster.name))
+    files.pki.mkdir(parents=True, exist_ok=True)
+    (files.dir / "serving").mkdir(exist_ok=True)
+    ca = pki.make_ca(f"{cluster.name}-ca")
+    ca.write(files.pki, "ca")
+    pki.issue(
+        ca,
+        "kube-apiserver",
+        dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+        ip_addresses=("127.0.0.1", "10.96.0.1"),
+        server=True,
+    ).write(files.pki, "apiserver")
+    # The apiserver's identity towards kubelets (logs, exec): system:masters so a virtual
+    # kubelet's SubjectAccessReview allows it, as kubeadm's cluster-admins group does.
+    pki.issue(ca, "kube-apiserver-kubelet-client", organizations=("system:masters",), client=True).write(
+        files.pki, "apiserver-kubelet-client"
+    )
+    admin = pki.issue(ca, "lab-admin", organizations=("system:masters",), client=True)
+    admin.write(files.pki, "admin")
+    pki.write_service_account_key(files.sa_key, files.sa_public)
+    kubeconfig.write(
+        files.kubeconfig,
+        kubeconfig.render(
+            cluster=cluster.name,
+            server=cluster.server,
+            ca_pem=ca.cert_pem,
+            cert_pem=admin.cert_pem,
+            key_pem=admin.key_pem,
+            user="lab-admin",
+        ),
+    )
+    (files.dir / "scheduler.yaml").write_text(components.scheduler_config(files=files))
+    return files
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+def _start(lab: LabState, proc: ProcessState) -> ProcessState:
+    proc.pid = procs.spawn(proc.argv, log_path=Path(proc.log))
+    lab.save()
+    return proc
+
+
+def _process(lab: LabState, name: str, argv: list[str]) -> ProcessState:
+    return ProcessState(name=name, argv=argv, log=str(lab.root / "logs" / f"{name}.log"))
+
+
+async def _wait(
+    lab: LabState, proc: ProcessState, check: Callable[[], Awaitable[bool]], *, what: str, timeout: float
+) -> None:
+    """Poll `check` until true; fail fast if the process dies, and at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not procs.alive(proc.pid, lab.marker):
+            code = procs.exit_code(proc.pid) if proc.pid else None
+            detail = procs.log_tail(Path(proc.log), 2) or "no output"
+            raise LabError(f"{proc.name} exited during start-up (code {code}): {detail} (log: {proc.log})")
+        try:
+            if await check():
+                return
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise LabError(f"{what} not ready after {timeout:.0f}s (log: {proc.log})")
+        await asyncio.sleep(0.2)
+
+
+async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
+    async with session.get(url, ssl=False, timeout=aiohttp.ClientTimeout(total=3)) as resp:
+        return resp.status == 200
+
+
+# -- bootstrap objects ---------------------------------------------------------------------------
+
+
+async def _create(client: KubeClient, path: str, body: dict[str, Any]) -> None:
+    with contextlib.suppress(AlreadyExists):
+        await client.create(path, body)
+
+
+async def _install_crds(client: KubeClient) -> None:
+    names = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        names.append(crd["metadata"]["name"])
+        await _create(client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    for name in names:
+        for _ in range(300):
+            crd = await client.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+            if conditions.get("Established") == "True":
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise LabError(f"CRD {name} not established")
+
+
+async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index: int) -> None:
+    profile = nodes.PROFILES[cluster.profile or "cpu"]
+    limit = asyncio.Semaphore(16)
+
+    async def one(index: int) -> None:
+        async with limit:
+            node = nodes.build_node(cluster=cluster.name, member_index=member_index, index=index, profile=profile)
+            await _create(client, "/api/v1/nodes", node)
+            topology = nodes.build_node_topology(node=node["metadata"]["name"], profile=profile)
+            await _create(client, "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies", topology)
+
+    await asyncio.gather(*(one(i) for i in range(cluster.nodes)))
+
+
+async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int) -> None:
+    access = load_kubeconfig(lab.kubeconfig(cluster.name))
+    async with KubeClient(access, user_agent="vkprovider-lab") as client:
+        await _install_crds(client)
+        priority_class = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": ONLINE_PRIORITY_CLASS},
+            "value": 1000000,
+            "description": "Online services of the lab's member clusters (the load generator).",
+        }
+        await _create(client, "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
+        if cluster.role == "member":
+            await _create_nodes(client, cluster, member_index)
+
+
+async def _cluster_ready(lab: LabState, cluster: ClusterState) -> bool:
+    access = load_kubeconfig(lab.kubeconfig(cluster.name))
+    async with KubeClient(access, user_agent="vkprovider-lab", request_timeout=5) as client:
+        await client.get("/api/v1/namespaces/default/serviceaccounts/default")
+        if cluster.role != "member":
+            return True
+        node_list = await client.list("/api/v1/nodes", params={"labelSelector": "type=kwok"})
+        ready = sum(
+            1
+            for n in node_list["items"]
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+        )
+        return ready >= cluster.nodes
+
+
+# -- up / down -----------------------------------------------------------------------------------
+
+
+async def up(state_dir: Path, spec: LabSpec) -> LabState:
+    """Start a lab in `state_dir` and return when every cluster is ready."""
+    state_dir = state_dir.resolve()
+    existing = state.load(state_dir) if (state_dir / state.STATE_FILE).exists() else None
+    if existing and is_running(existing):
+        raise LabError(f"a lab is already running in {state_dir}; run `python -m e2e down --state {state_dir}` first")
+    if spec.members < 0 or spec.nodes_per_member < 0:
+        raise LabError("--members and --nodes-per-member must not be negative")
+    for profile in spec.profiles:
+        if profile not in nodes.PROFILES:
+            raise LabError(f"unknown node profile {profile!r}; known: {', '.join(nodes.PROFILES)}")
+    bins = _resolve_binaries(spec)
+    names = spec.cluster_names()
+    try:
+        base = spec.port_base or ports.find_base(len(names))
+        plan = ports.plan(base, names)
+        ports.check_free(plan)
+    except ports.PortBusy as exc:
+        raise LabError(str(exc)) from exc
+
+    ident = lab_id(state_dir)
+    for sub in ("clusters", "logs", "kubeconfig"):
+        shutil.rmtree(state_dir / sub, ignore_errors=True)
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    data_dir = TMPFS / ident if TMPFS.is_dir() else state_dir / "data"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    # etcd sees its data through a link in the state dir, so its command line names the lab too.
+    data_link = state_dir / "etcd-data"
+    data_link.unlink(missing_ok=True)
+    data_link.symlink_to(data_dir)
+
+    lab = LabState(state_dir=str(state_dir), lab_id=str(state_dir), data_dir=str(data_dir), version="v1.37.2")
+    for index, name in enumerate(names):
+        member = index > 0
+        lab.clusters[name] = ClusterState(
+            name=name,
+            role="member" if member else "offline",
+            apiserver_port=plan.clusters[name].apiserver,
+            profile=spec.profile_of(index) if member else None,
+            nodes=spec.nodes_per_member if member else 0,
+        )
+    lab.save()
+    started = time.monotonic()
+    try:
+        await _bring_up(lab, plan, bins)
+    except BaseException as exc:
+        teardown(lab)
+        if isinstance(exc, LabError):
+            raise
+        if isinstance(exc, (ApiError, OSError)):
+            raise LabError(f"lab start-up failed: {exc}") from exc
+        raise
+    lab.ready = True
+    lab.save()
+    _say(f"lab ready in {time.monotonic() - started:.1f}s: {', '.join(names)} (state {state_dir})")
+    return lab
+
+
+async def _bring_up(lab: LabState, plan: ports.PortPlan, bins: dict[str, Path]) -> None:
+    etcd = _process(
+        lab,
+        "etcd",
+        components.etcd_argv(
+            binary=bins["etcd"],
+            data_dir=lab.root / "etcd-data",
+            client_port=plan.etcd_client,
+            peer_port=plan.etcd_peer,
+        ),
+    )
+    lab.etcd = etcd
+    files = {name: _write_cluster_files(lab, cluster) for name, cluster in lab.clusters.items()}
+    _start(lab, etcd)
+    async with aiohttp.ClientSession() as session:
+        await _wait(
+            lab,
+            etcd,
+            lambda: _http_ok(session, f"http://127.0.0.1:{plan.etcd_client}/health"),
+            what="etcd",
+            timeout=30,
+        )
+        for name, cluster in lab.clusters.items():
+            cluster.processes["kube-apiserver"] = _start(
+                lab,
+                _process(
+                    lab,
+                    f"{name}-kube-apiserver",
+                    components.apiserver_argv(
+                        binary=bins["kube-apiserver"],
+                        files=files[name],
+                        cluster=name,
+                        port=cluster.apiserver_port,
+                        etcd_port=plan.etcd_client,
+                    ),
+                ),
+            )
+        await asyncio.gather(*(_wait_apiserver(lab, cluster, START_TIMEOUT) for cluster in lab.clusters.values()))
+        await asyncio.gather(
+            *(
+                _start_cluster_components(lab, cluster, index, files[name], plan.clusters[name], bins, session)
+                for index, (name, cluster) in enumerate(lab.clusters.items())
+            )
+        )
+
+
+async def _wait_apiserver(lab: LabState, cluster: ClusterState, timeout: float) -> None:
+    async with KubeClient(load_kubeconfig(lab.kubeconfig(cluster.name)), request_timeout=5) as client:
+
+        async def ready() -> bool:
+            await client.get("/readyz")
+            return True
+
+        await _wait(
+            lab, cluster.processes["kube-apiserver"], ready, what=f"{cluster.name} kube-apiserver", timeout=timeout
+        )
+
+
+async def _start_cluster_components(
+    lab: LabState,
+    cluster: ClusterState,
+    member_index: int,
+    files: components.ClusterFiles,
+    cluster_ports: ports.ClusterPorts,
+    bins: dict[str, Path],
+    session: aiohttp.ClientSession,
+) -> None:
+    name = cluster.name
+    scheduler = _start(
+        lab,
+        _process(
+            lab,
+            f"{name}-kube-scheduler",
+            components.scheduler_argv(binary=bins["kube-scheduler"], files=files, port=cluster_ports.scheduler),
+        ),
+    )
+    kcm = _start(
+        lab,
+        _process(
+            lab,
+            f"{name}-kube-controller-manager",
+            components.controller_manager_argv(
+                binary=bins["kube-controller-manager"], files=files, port=cluster_ports.controller_manager
+            ),
+        ),
+    )
+    cluster.processes["kube-scheduler"] = scheduler
+    cluster.processes["kube-controller-manager"] = kcm
+    lab.save()
+    await _bootstrap(lab, cluster, member_index)
+    if cluster.role == "member":
+        cluster.processes["kwok"] = _start(
+            lab,
+            _process(
+                lab,
+                f"{name}-kwok",
+                components.kwok_argv(
+                    binary=bins["kwok"],
+                    files=files,
+                    stages=STAGES,
+                    pod_cidr=f"10.{100 + member_index}.0.0/16",
+                    port=cluster_ports.kwok,
+                ),
+            ),
+        )
+    await _wait(
+        lab,
+        scheduler,
+        lambda: _http_ok(session, f"https://127.0.0.1:{cluster_ports.scheduler}/healthz"),
+        what=f"{name} kube-scheduler",
+        timeout=START_TIMEOUT,
+    )
+    await _wait(
+        lab,
+        kcm,
+        lambda: _http_ok(session, f"https://127.0.0.1:{cluster_ports.controller_manager}/healthz"),
+        what=f"{name} kube-controller-manager",
+        timeout=START_TIMEOUT,
+    )
+    watched = cluster.processes.get("kwok", kcm)
+    await _wait(
+        lab, watched, lambda: _cluster_ready(lab, cluster), what=f"{name} nodes and accounts", timeout=START_TIMEOUT
+    )
+
+
+def teardown(lab: LabState) -> list[str]:
+    """Stop every recorded process (controllers first, etcd last) and drop etcd's tmpfs data."""
+    stopped: list[str] = []
+    order = ("kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver")
+    for kind in order:
+        group = [c.processes[kind] for c in lab.clusters.values() if kind in c.processes]
+        ended = procs.terminate([p.pid for p in group if p.pid], lab.marker)
+        stopped += [p.name for p in group if p.pid in ended]
+    if lab.etcd and lab.etcd.pid and procs.terminate([lab.etcd.pid], lab.marker):
+        stopped.append("etcd")
+    for proc in lab.all_processes():
+        proc.pid = None
+    lab.ready = False
+    shutil.rmtree(lab.data_dir, ignore_errors=True)
+    if Path(lab.state_dir).is_dir():
+        lab.save()
+    return stopped
+
+
+def load_running(state_dir: Path) -> LabState:
+    lab = state.load(state_dir.resolve())
+    if lab is None:
+        raise LabError(f"no lab in {state_dir} (no {state.STATE_FILE}); start one with `python -m e2e up`")
+    return lab
+
+
+def down(state_dir: Path) -> list[str]:
+    return teardown(load_running(state_dir))
+
+
+def cluster_of(lab: LabState, name: str) -> ClusterState:
+    if name not in lab.clusters:
+        raise LabError(f"no cluster {name!r} in this lab; clusters: {', '.join(lab.clusters)}")
+    return lab.clusters[name]
+
+
+def stop_cluster(state_dir: Path, name: str) -> None:
+    """Stop one cluster's kube-apiserver (an outage); its other processes keep running."""
+    lab = load_running(state_dir)
+    proc = cluster_of(lab, name).processes["kube-apiserver"]
+    if not procs.alive(proc.pid, lab.marker):
+        raise LabError(f"{name} kube-apiserver is not running")
+    procs.terminate([proc.pid] if proc.pid else [], lab.marker)
+    proc.pid = None
+    lab.save()
+
+
+async def start_cluster(state_dir: Path, name: str) -> None:
+    """Restart one cluster's kube-apiserver with its original flags and wait until it is ready."""
+    lab = load_running(state_dir)
+    cluster = cluster_of(lab, name)
+    proc = cluster.processes["kube-apiserver"]
+    if procs.alive(proc.pid, lab.marker):
+        raise LabError(f"{name} kube-apiserver is already running")
+    if not lab.etcd or not procs.alive(lab.etcd.pid, lab.marker):
+        raise LabError("the lab's etcd is not running; bring the lab up again")
+    if not ports.is_free(cluster.apiserver_port):
+        raise LabError(f"port {cluster.apiserver_port} is in use; cannot restart {name} kube-apiserver")
+    _start(lab, proc)
+    try:
+        await _wait_apiserver(lab, cluster, START_TIMEOUT)
+    except LabError:
+        procs.terminate([proc.pid] if proc.pid else [], lab.marker)
+        proc.pid = None
+        lab.save()
+        raise
+
+
+def provider_config(lab: LabState, provider: str) -> str:
+    """A provider config for this lab: the front end is `offline`, members are the rest."""
+    config: dict[str, Any] = {
+        "provider": provider,
+        "kubeconfig": str(lab.kubeconfig("offline")),
+    }
+    if provider == "federation":
+        config["members"] = [
+            {"name": name, "kubeconfig": str(lab.kubeconfig(name))}
+            for name, cluster in lab.clusters.items()
+            if cluster.role == "member"
+        ]
+    return yaml.safe_dump(config, sort_keys=False)

@@ -1,0 +1,85 @@
+"""Starting and stopping the lab's processes.
+
+Processes run in their own session so they outlive the CLI that started them. A recorded PID is
+trusted only while its command line still names the lab (`marker`), so a PID reused by an
+unrelated process after a crash is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def spawn(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
+    return proc.pid
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def alive(pid: int | None, marker: str) -> bool:
+    """True while `pid` runs (not a zombie) and its command line contains `marker`."""
+    if not pid:
+        return False
+    _reap(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and marker in cmdline
+
+
+def exit_code(pid: int) -> int | None:
+    """The exit status of a child that has ended, if this process started it and it has ended."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if done else None
+
+
+def terminate(pids: list[int], marker: str, *, grace: float = 10.0) -> list[int]:
+    """SIGTERM, then SIGKILL after `grace` seconds; returns the PIDs that were still running."""
+    running = [pid for pid in pids if alive(pid, marker)]
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(pid, marker) for pid in running):
+        time.sleep(0.05)
+    for pid in running:
+        if alive(pid, marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(pid, marker) for pid in running):
+        time.sleep(0.05)
+    return running
+
+
+def log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip()[:300] for line in text[-lines:])

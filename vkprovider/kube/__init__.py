@@ -1,0 +1,42 @@
+"""The one package that talks to a kube-apiserver.
+
+API objects travel as raw dicts (JSON as decoded): typed client models are too slow for watches
+of thousands of pods. Everything above this package catches our own error classes
+(`vkprovider.kube.errors`), never aiohttp's or the client library's.
+"""
+
+from vkprovider.kube.access import ClusterAccess, load_kubeconfig
+from vkprovider.kube.client import KubeClient, WatchEvent
+from vkprovider.kube.errors import (
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    Unauthorized,
+    Unreachable,
+)
+from vkprovider.kube.paths import resource_path
+
+__all__ = [
+    "AlreadyExists",
+    "ApiError",
+    "ClusterAccess",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeClient",
+    "NotFound",
+    "ServerError",
+    "TooManyRequests",
+    "Unauthorized",
+    "Unreachable",
+    "WatchEvent",
+    "load_kubeconfig",
+    "resource_path",
+]
