@@ -14,12 +14,12 @@ async def _cluster_row(lab: LabState, cluster: ClusterState) -> list[str]:
     running = bool(apiserver and procs.alive(apiserver.pid, lab.marker))
     row = [cluster.name, cluster.role, cluster.profile or "-", cluster.server, "up" if running else "stopped"]
     if not running:
-        return [*row, "-", "-", "-", "-"]
+        return [*row, "-", "-", "-", "-", "-"]
     try:
         async with KubeClient(load_kubeconfig(lab.kubeconfig(cluster.name)), request_timeout=5) as client:
             node_list, pod_list = await asyncio.gather(client.list("/api/v1/nodes"), client.list("/api/v1/pods"))
     except ApiError as exc:
-        return [*row, "?", "?", "?", f"error: {exc.reason}"]
+        return [*row, "?", "?", "?", "?", f"error: {exc.reason}"]
     nodes = node_list["items"]
     ready = sum(
         1
@@ -30,6 +30,8 @@ async def _cluster_row(lab: LabState, cluster: ClusterState) -> list[str]:
     phases: dict[str, int] = {}
     for pod in pods:
         phase = pod.get("status", {}).get("phase", "Unknown")
+        if pod["metadata"].get("deletionTimestamp"):
+            phase = "Terminating"
         phases[phase] = phases.get(phase, 0) + 1
     return [
         *row,
@@ -37,11 +39,23 @@ async def _cluster_row(lab: LabState, cluster: ClusterState) -> list[str]:
         str(len(pods)),
         str(phases.get("Running", 0)),
         str(phases.get("Pending", 0)),
+        str(phases.get("Terminating", 0)),
     ]
 
 
 async def table(lab: LabState) -> str:
-    header = ["CLUSTER", "ROLE", "PROFILE", "APISERVER", "STATE", "NODES READY", "PODS", "RUNNING", "PENDING"]
+    header = [
+        "CLUSTER",
+        "ROLE",
+        "PROFILE",
+        "APISERVER",
+        "STATE",
+        "NODES READY",
+        "PODS",
+        "RUNNING",
+        "PENDING",
+        "TERMINATING",
+    ]
     rows = await asyncio.gather(*(_cluster_row(lab, c) for c in lab.clusters.values()))
     return render([header, *rows])
 

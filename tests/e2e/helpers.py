@@ -1,0 +1,97 @@
+"""Small helpers shared by end-to-end tests: polling, object builders, process scans."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from vkprovider.kube import KubeClient, NotFound
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 60.0, interval: float = 0.25, what: str = "condition"
+) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+async def make_namespace(client: KubeClient, name: str) -> str:
+    await client.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    # The ServiceAccount admission plugin refuses pods until the namespace's default account exists.
+    await eventually(
+        lambda: _exists(client, f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+    return name
+
+
+async def _exists(client: KubeClient, path: str) -> bool:
+    try:
+        await client.get(path)
+    except NotFound:
+        return False
+    return True
+
+
+async def delete_namespace(client: KubeClient, name: str) -> None:
+    with contextlib.suppress(NotFound):
+        await client.delete(f"/api/v1/namespaces/{name}")
+
+
+def pod(
+    name: str,
+    *,
+    requests: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    resources = {"requests": requests, "limits": {k: v for k, v in requests.items() if "/" in k}} if requests else {}
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "registry.example/test/app:1", "resources": resources}],
+        },
+    }
+    body["spec"].update(spec or {})
+    return body
+
+
+async def pods(client: KubeClient, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    params = {"labelSelector": selector} if selector else None
+    result = await client.list(f"/api/v1/namespaces/{namespace}/pods", params=params)
+    return list(result["items"])
+
+
+def lab_processes(marker: str) -> list[int]:
+    """PIDs of live processes whose command line contains `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found

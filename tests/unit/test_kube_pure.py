@@ -1,0 +1,75 @@
+"""The apiserver client's pure parts: paths, error mapping, kubeconfig parsing."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from vkprovider.kube import errors, paths
+from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
+
+
+def test_paths() -> None:
+    assert paths.resource_path("v1", "pods", namespace="ns", name="p", subresource="status") == (
+        "/api/v1/namespaces/ns/pods/p/status"
+    )
+    assert paths.resource_path("scheduling.k8s.io/v1beta1", "podgroups", namespace="a") == (
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/a/podgroups"
+    )
+    assert paths.resource_path("v1", "nodes", name="a b") == "/api/v1/nodes/a%20b"
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "cls"),
+    [
+        (404, "NotFound", errors.NotFound),
+        (409, "AlreadyExists", errors.AlreadyExists),
+        (409, "Conflict", errors.Conflict),
+        (410, "Expired", errors.Gone),
+        (422, "Invalid", errors.Invalid),
+        (403, "Forbidden", errors.Forbidden),
+        (401, "Unauthorized", errors.Unauthorized),
+        (503, "ServiceUnavailable", errors.ServerError),
+    ],
+)
+def test_error_classes(status: int, reason: str, cls: type[errors.ApiError]) -> None:
+    err = errors.error_for(status, {"reason": reason, "message": "m"}, "")
+    assert type(err) is cls and err.status == status and err.message == "m"
+
+
+def test_too_many_requests_carries_retry_after() -> None:
+    err = errors.error_for(429, None, "slow down", "7")
+    assert isinstance(err, errors.TooManyRequests) and err.retry_after == 7.0
+
+
+def _kubeconfig(user: dict) -> dict:  # type: ignore[type-arg]
+    return {
+        "clusters": [{"name": "c", "cluster": {"server": "https://h:6443/", "certificate-authority-data": "Q0E="}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+
+
+def test_kubeconfig_with_embedded_client_certificate() -> None:
+    user = {
+        "client-certificate-data": base64.b64encode(b"CERT").decode(),
+        "client-key-data": base64.b64encode(b"KEY").decode(),
+    }
+    access = parse_kubeconfig(_kubeconfig(user), base=Path("/"))
+    assert access.server == "https://h:6443"
+    assert access.ca_data == b"CA" and access.cert_data == b"CERT" and access.key_data == b"KEY"
+
+
+def test_kubeconfig_token_and_missing_context() -> None:
+    access = parse_kubeconfig(_kubeconfig({"token": "t"}), base=Path("/"))
+    assert access.bearer_token() == "t"
+    with pytest.raises(KubeconfigError, match="no context named"):
+        parse_kubeconfig(_kubeconfig({"token": "t"}), base=Path("/"), context="nope")
+
+
+def test_kubeconfig_exec_plugins_are_refused_clearly() -> None:
+    with pytest.raises(KubeconfigError, match="exec"):
+        parse_kubeconfig(_kubeconfig({"exec": {"command": "aws"}}), base=Path("/"))

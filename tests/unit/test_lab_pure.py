@@ -1,0 +1,95 @@
+"""Pure parts of the lab: port plans, command lines, node shapes, online load arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from e2e import components, nodes, online, ports
+from e2e.lab import LabSpec
+
+
+def test_port_plan_is_a_dense_block() -> None:
+    plan = ports.plan(30000, ["offline", "member-1"])
+    used = [port for port, _ in plan.labelled()]
+    assert sorted(used) == list(range(30000, 30000 + ports.block_size(2)))
+    assert plan.clusters["member-1"].apiserver == 30006
+
+
+def test_cluster_names_and_default_profiles() -> None:
+    spec = LabSpec(members=4)
+    assert spec.cluster_names() == ["offline", "member-1", "member-2", "member-3", "member-4"]
+    assert [spec.profile_of(i) for i in range(1, 5)] == ["cpu", "gpu-v100", "gpu-t4", "cpu"]
+    assert LabSpec(members=2, profiles=("gpu-t4",)).profile_of(2) == "gpu-t4"
+
+
+def test_apiserver_flags_enable_native_gang_and_loopback_advertise() -> None:
+    files = components.ClusterFiles(dir=Path("/s/clusters/x"), kubeconfig=Path("/s/kubeconfig/x.yaml"))
+    argv = components.apiserver_argv(binary=Path("/b/kube-apiserver"), files=files, cluster="x", port=1, etcd_port=2)
+    assert "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true" in argv
+    assert any(a.startswith("--runtime-config=") and "scheduling.k8s.io/v1beta1=true" in a for a in argv)
+    assert "--endpoint-reconciler-type=none" in argv and "--advertise-address=127.0.0.1" in argv
+    assert "--etcd-prefix=/registry/x" in argv
+    assert "GangScheduling" not in " ".join(argv)  # merged into GenericWorkload in 1.37; unknown gates fail
+
+
+def test_scheduler_config_raises_client_qps() -> None:
+    files = components.ClusterFiles(dir=Path("/s/c"), kubeconfig=Path("/s/k.yaml"))
+    text = components.scheduler_config(files=files)
+    assert "qps: 1000" in text and "leaderElect: false" in text
+
+
+def test_node_shapes_of_profiles() -> None:
+    capacity, allocatable = nodes.resources(nodes.PROFILES["gpu-v100"])
+    assert capacity["nvidia.com/gpu"] == allocatable["nvidia.com/gpu"] == "8"
+    assert allocatable["cpu"] == "79000m"
+    cpu_capacity, _ = nodes.resources(nodes.PROFILES["cpu"])
+    assert cpu_capacity["cpu"] == "96" and cpu_capacity["memory"] == "384Gi" and "nvidia.com/gpu" not in cpu_capacity
+
+
+def test_nodes_share_network_pods_and_carry_gpu_labels() -> None:
+    profile = nodes.PROFILES["gpu-t4"]
+    built = [nodes.build_node(cluster="member-3", member_index=3, index=i, profile=profile) for i in range(10)]
+    network_pods = [n["metadata"]["labels"][nodes.NETWORK_POD_LABEL] for n in built]
+    assert network_pods == ["member-3-np0"] * 5 + ["member-3-np1"] * 5
+    assert built[0]["metadata"]["labels"]["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert built[0]["metadata"]["annotations"][components.KWOK_NODE_ANNOTATION] == "fake"
+    assert built[7]["status"]["addresses"][0]["address"].startswith("127.103.")
+
+
+def test_numa_topology_splits_the_node() -> None:
+    topology = nodes.build_node_topology(node="n", profile=nodes.PROFILES["cpu"])
+    cpus = [r["allocatable"] for z in topology["zones"] for r in z["resources"] if r["name"] == "cpu"]
+    assert cpus == ["47500m", "47500m"]
+    assert topology["zones"][0]["costs"] == [{"name": "node-0", "value": 10}, {"name": "node-1", "value": 20}]
+
+
+@pytest.mark.parametrize(("text", "value"), [("60%", 0.6), ("0.25", 0.25), ("0%", 0.0), ("100%", 1.0)])
+def test_parse_share(text: str, value: float) -> None:
+    assert online.parse_share(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["150%", "-1", "lots"])
+def test_parse_share_refuses_nonsense(text: str) -> None:
+    with pytest.raises(online.LoadError):
+        online.parse_share(text)
+
+
+def test_replicas_for_share() -> None:
+    assert online.replicas_for(share=0.2, allocatable_cpu=1900, pod_cpu=4) == 95
+    assert online.replicas_for(share=0.7, allocatable_cpu=1900, pod_cpu=4) == 333
+    assert online.replicas_for(share=0, allocatable_cpu=1900, pod_cpu=4) == 0
+    with pytest.raises(online.LoadError):
+        online.replicas_for(share=0.5, allocatable_cpu=10, pod_cpu=0)
+
+
+def test_schedulable_cpu_skips_cordoned_and_not_ready_nodes() -> None:
+    ready = [{"type": "Ready", "status": "True"}]
+    node_list = [
+        {"status": {"allocatable": {"cpu": "95"}, "conditions": ready}},
+        {"status": {"allocatable": {"cpu": "95500m"}, "conditions": ready}},
+        {"spec": {"unschedulable": True}, "status": {"allocatable": {"cpu": "95"}, "conditions": ready}},
+        {"status": {"allocatable": {"cpu": "95"}, "conditions": [{"type": "Ready", "status": "False"}]}},
+    ]
+    assert online.schedulable_cpu(node_list) == pytest.approx(190.5)
