@@ -17,9 +17,10 @@ import psutil
 
 from e2e import binaries
 from e2e import lab as lab_mod
+from e2e.state import LabState
 
 
-def lab_memory(lab: lab_mod.LabState) -> dict[str, int]:
+def lab_memory(lab: LabState) -> dict[str, int]:
     rss = pss = 0
     for proc in lab.all_processes():
         if not proc.pid:

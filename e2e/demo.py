@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from e2e import lab as lab_mod
-from e2e import online, status
+from e2e import online, state, status
 
 
 async def demo(state_dir: Path) -> None:
-    existing = lab_mod.state.load(state_dir.resolve()) if (state_dir / "state.json").exists() else None
+    existing = state.load(state_dir.resolve()) if (state_dir / "state.json").exists() else None
     if existing and lab_mod.is_running(existing):
         lab = existing
         print(f"reusing the lab running in {state_dir}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 GPU = "nvidia.com/gpu"
 
 
-def _bound(items: list[dict]) -> list[str]:
+def _bound(items: list[dict[str, Any]]) -> list[str]:
     return [p["spec"]["nodeName"] for p in items if p["spec"].get("nodeName")]
 
 
@@ -38,7 +39,7 @@ async def test_deployment_runs_on_simulated_nodes(lab: Lab) -> None:
             }
             await client.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
 
-            async def running() -> list[dict] | None:
+            async def running() -> list[dict[str, Any]] | None:
                 items = await pods(client, ns, "app=web")
                 ok = [p for p in items if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
                 return items if len(ok) == 3 else None
@@ -55,7 +56,7 @@ async def test_deployment_runs_on_simulated_nodes(lab: Lab) -> None:
             await delete_namespace(client, ns)
 
 
-def _native_gang(name: str, min_count: int) -> dict:
+def _native_gang(name: str, min_count: int) -> dict[str, Any]:
     return {
         "apiVersion": "scheduling.k8s.io/v1beta1",
         "kind": "PodGroup",
@@ -64,7 +65,7 @@ def _native_gang(name: str, min_count: int) -> dict:
     }
 
 
-def _gang_pod(name: str, group: str, requests: dict[str, str]) -> dict:
+def _gang_pod(name: str, group: str, requests: dict[str, str]) -> dict[str, Any]:
     return pod(name, requests=requests, spec={"schedulingGroup": {"podGroupName": group}})
 
 

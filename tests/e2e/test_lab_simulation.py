@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ async def test_pods_fail_exit_or_get_evicted_on_request(
         try:
             await client.create(f"/api/v1/namespaces/{ns}/pods", pod("p", requests={"cpu": "1"}))
 
-            async def phase_is(want: str) -> dict | None:
+            async def phase_is(want: str) -> dict[str, Any] | None:
                 item = await client.get(f"/api/v1/namespaces/{ns}/pods/p")
                 return item if item["status"].get("phase") == want else None
 
@@ -102,7 +103,7 @@ async def test_job_pods_complete(lab: Lab) -> None:
 
             async def complete() -> bool:
                 item = await client.get(f"/apis/batch/v1/namespaces/{ns}/jobs/batch")
-                return item.get("status", {}).get("succeeded") == 3
+                return bool(item.get("status", {}).get("succeeded") == 3)
 
             await eventually(complete, timeout=60, what="job complete")
         finally:

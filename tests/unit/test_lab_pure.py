@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_replicas_for_share() -> None:
 
 def test_schedulable_cpu_skips_cordoned_and_not_ready_nodes() -> None:
     ready = [{"type": "Ready", "status": "True"}]
-    node_list = [
+    node_list: list[dict[str, Any]] = [
         {"status": {"allocatable": {"cpu": "95"}, "conditions": ready}},
         {"status": {"allocatable": {"cpu": "95500m"}, "conditions": ready}},
         {"spec": {"unschedulable": True}, "status": {"allocatable": {"cpu": "95"}, "conditions": ready}},
