@@ -103,6 +103,9 @@ def apiserver_argv(*, binary: Path, files: ClusterFiles, cluster: str, port: int
         f"--client-ca-file={files.pem('ca')}",
         f"--kubelet-client-certificate={files.pem('apiserver-kubelet-client')}",
         f"--kubelet-client-key={files.pem('apiserver-kubelet-client', 'key')}",
+        # Dial kubelets by IP (as kubeadm configures it): a Hostname first would send DNS queries
+        # for node names off the machine.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={files.sa_public}",
         f"--service-account-signing-key-file={files.sa_key}",

@@ -22,6 +22,17 @@ def _bound(items: list[dict[str, Any]]) -> list[str]:
     return [p["spec"]["nodeName"] for p in items if p["spec"].get("nodeName")]
 
 
+async def test_apiservers_report_their_version_and_nodes_hold_leases(lab: Lab) -> None:
+    for cluster in ("offline", *lab.members):
+        async with lab.client(cluster) as client:
+            version = await client.get("/version")
+            assert version["gitVersion"] == "v1.37.2"
+    async with lab.client("member-1") as client:
+        lease = await client.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/member-1-node-000")
+        assert lease["spec"]["leaseDurationSeconds"] == 40
+        assert lease["spec"]["renewTime"]
+
+
 async def test_deployment_runs_on_simulated_nodes(lab: Lab) -> None:
     async with lab.client("member-2") as client:
         ns = await make_namespace(client, f"deploy-{uuid.uuid4().hex[:6]}")

@@ -1,0 +1,66 @@
+"""`vkprovider`: the product's command line.
+
+  vkprovider run --config FILE [--set section.key=value ...] [--node-name N] [--kubeconfig F] [--port P]
+
+Bad settings end with one line on stderr and exit status 2; a runtime failure with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from vkprovider import logs
+from vkprovider.kube.access import KubeconfigError
+from vkprovider.runtime import Runtime, build_provider
+from vkprovider.settings import SettingsError, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vkprovider", description="A virtual kubelet pooling member clusters.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the virtual kubelet")
+    run.add_argument("--config", type=Path, help="YAML settings file")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting")
+    run.add_argument("--node-name", help="name of the virtual node (node.name)")
+    run.add_argument("--kubeconfig", type=Path, help="kubeconfig of the front-end cluster (kube.kubeconfig)")
+    run.add_argument("--port", type=int, help="port of the kubelet API (http.port)")
+    return parser
+
+
+async def _run(runtime: Runtime) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.request_stop)
+    await runtime.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load(
+            config=args.config,
+            overrides=args.set,
+            **{"node.name": args.node_name, "kube.kubeconfig": args.kubeconfig, "http.port": args.port},
+        )
+        logs.configure(settings.log)
+        provider = build_provider(settings)
+    except (SettingsError, KubeconfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_run(Runtime(settings, provider)))
+    except KubeconfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Routes of the kubelet API and the plain health/metrics port.
+
+Kubelet API (HTTPS, every request authenticated and authorized):
+  GET /containerLogs/{namespace}/{pod}/{container}   logs, streamed and flushed line by line
+  GET /pods                                          pods bound to the node, as the API has them
+  GET /healthz                                       "ok"
+  GET /stats/summary, /metrics/resource              usage from the provider (metrics-server)
+  /exec, /attach, /portForward, /run                 501 until streaming lands
+Plain port: /healthz, /readyz, /metrics (Prometheus).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from vkprovider import logs
+from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certificate
+from vkprovider.kube import ApiError
+from vkprovider.metrics import Metrics
+from vkprovider.objects import Pod
+from vkprovider.provider import LogOptions, LogProvider, ProviderError, ProviderNotFound, StatsProvider
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NOT_YET = "vkprovider does not support {what} yet; it arrives with streaming support (a later release)"
+
+
+def _bool(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _int(query: Any, name: str) -> int | None:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"{name} must be an integer, not {raw!r}\n") from exc
+    if value < 0:
+        raise web.HTTPBadRequest(text=f"{name} must not be negative\n")
+    return value
+
+
+def log_options(query: Any) -> LogOptions:
+    since_time = query.get("sinceTime") or None
+    if since_time:
+        try:
+            datetime.datetime.fromisoformat(since_time.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"sinceTime must be RFC 3339, not {since_time!r}\n") from exc
+    since_seconds = _int(query, "sinceSeconds")
+    if since_seconds is not None and since_time:
+        raise web.HTTPBadRequest(text="at most one of sinceTime or sinceSeconds may be given\n")
+    return LogOptions(
+        follow=_bool(query.get("follow")),
+        tail_lines=_int(query, "tailLines"),
+        limit_bytes=_int(query, "limitBytes"),
+        since_seconds=since_seconds,
+        since_time=since_time,
+        timestamps=_bool(query.get("timestamps")),
+        previous=_bool(query.get("previous")),
+    )
+
+
+def resource_metrics(summary: dict[str, Any]) -> str:
+    """The Prometheus text of /metrics/resource (what metrics-server scrapes) from a Summary."""
+
+    def ms(ts: str | None) -> str:
+        if not ts:
+            return ""
+        return " " + str(int(datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000))
+
+    lines = [
+        "# HELP node_cpu_usage_seconds_total Cumulative cpu time consumed by the node in core-seconds",
+        "# TYPE node_cpu_usage_seconds_total counter",
+    ]
+    node = summary.get("node", {})
+    cpu, mem = node.get("cpu", {}), node.get("memory", {})
+    lines.append(f"node_cpu_usage_seconds_total {cpu.get('usageCoreNanoSeconds', 0) / 1e9}{ms(cpu.get('time'))}")
+    lines += [
+        "# HELP node_memory_working_set_bytes Current working set of the node in bytes",
+        "# TYPE node_memory_working_set_bytes gauge",
+        f"node_memory_working_set_bytes {mem.get('workingSetBytes', 0)}{ms(mem.get('time'))}",
+        "# HELP container_cpu_usage_seconds_total Cumulative cpu time consumed by the container in core-seconds",
+        "# TYPE container_cpu_usage_seconds_total counter",
+    ]
+    memory_lines = [
+        "# HELP container_memory_working_set_bytes Current working set of the container in bytes",
+        "# TYPE container_memory_working_set_bytes gauge",
+    ]
+    for pod in summary.get("pods", []):
+        ref = pod.get("podRef", {})
+        for c in pod.get("containers", []):
+            labels = f'container="{c.get("name")}",namespace="{ref.get("namespace")}",pod="{ref.get("name")}"'
+            ccpu, cmem = c.get("cpu", {}), c.get("memory", {})
+            lines.append(
+                f"container_cpu_usage_seconds_total{{{labels}}} {ccpu.get('usageCoreNanoSeconds', 0) / 1e9}"
+                f"{ms(ccpu.get('time'))}"
+            )
+            memory_lines.append(
+                f"container_memory_working_set_bytes{{{labels}}} {cmem.get('workingSetBytes', 0)}{ms(cmem.get('time'))}"
+            )
+    lines += memory_lines
+    lines += ["# HELP scrape_error 1 if there was an error while getting container metrics, 0 otherwise"]
+    lines += ["# TYPE scrape_error gauge", "scrape_error 0"]
+    return "\n".join(lines) + "\n"
+
+
+class KubeletApi:
+    """The aiohttp application of the kubelet API (TLS and the listener are set up outside)."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        provider: object,
+        pods: Callable[[], list[Pod]],
+        authenticator: Authenticator,
+        authorizer: Authorizer,
+    ) -> None:
+        self._node = node
+        self._provider = provider
+        self._pods = pods
+        self._authn = authenticator
+        self._authz = authorizer
+        self._log = logs.get("kubelet-api", node=node)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/healthz/ping", self._healthz)
+        app.router.add_get("/pods", self._list_pods)
+        app.router.add_get("/pods/", self._list_pods)
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
+        app.router.add_get("/stats/summary", self._summary)
+        app.router.add_get("/stats/summary/", self._summary)
+        app.router.add_get("/metrics/resource", self._resource_metrics)
+        for prefix in ("/exec", "/attach", "/portForward", "/run"):
+            app.router.add_route("*", prefix + "/{tail:.*}", self._not_yet)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        user = user_from_certificate(request.transport.get_extra_info("peercert") if request.transport else None)
+        if user is None:
+            header = request.headers.get("Authorization", "")
+            if header.startswith("Bearer "):
+                try:
+                    user = await self._authn.token(header[len("Bearer ") :].strip())
+                except ApiError as exc:  # not authenticated, whatever went wrong
+                    self._log.warning("token review failed", error=repr(exc))
+        if user is None:
+            return web.Response(status=401, text="Unauthorized\n")
+        allowed, reason = await self._authz.check(user, method=request.method, path=request.path)
+        if not allowed:
+            return web.Response(status=403, text=f"Forbidden ({reason})\n")
+        return await handler(request)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _list_pods(self, request: web.Request) -> web.Response:
+        body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": self._pods()}
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def _not_yet(self, request: web.Request) -> web.Response:
+        what = request.path.split("/")[1]
+        return web.Response(status=501, text=NOT_YET.format(what=what) + "\n")
+
+    async def _logs(self, request: web.Request) -> web.StreamResponse:
+        if not isinstance(self._provider, LogProvider):
+            return web.Response(status=501, text="this provider does not serve container logs\n")
+        options = log_options(request.query)
+        ns, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
+        stream = self._provider.container_logs(ns, pod, container, options)
+        try:
+            first = await anext(stream, None)
+        except ProviderNotFound as exc:
+            return web.Response(status=404, text=f"{exc}\n")
+        except ProviderError as exc:
+            return web.Response(status=500, text=f"{exc}\n")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            if first is not None:
+                await response.write(first)
+                async for chunk in stream:
+                    await response.write(chunk)
+        except (ConnectionResetError, ProviderError) as exc:
+            self._log.info("log stream ended early", pod=f"{ns}/{pod}", reason=repr(exc))
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        await response.write_eof()
+        return response
+
+    async def _summary(self, request: web.Request) -> web.Response:
+        if not isinstance(self._provider, StatsProvider):
+            return web.Response(status=501, text="this provider does not report stats\n")
+        summary = await self._provider.stats_summary(self._node)
+        return web.Response(text=json.dumps(summary), content_type="application/json")
+
+    async def _resource_metrics(self, request: web.Request) -> web.Response:
+        if not isinstance(self._provider, StatsProvider):
+            return web.Response(status=501, text="this provider does not report stats\n")
+        summary = await self._provider.stats_summary(self._node)
+        return web.Response(text=resource_metrics(summary), content_type="text/plain")
+
+
+def tls_context(*, cert_file: str, key_file: str, client_ca: bytes | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    if client_ca:
+        ctx.load_verify_locations(cadata=client_ca.decode())
+        ctx.verify_mode = ssl.CERT_OPTIONAL  # certificate or bearer token, as the kubelet accepts
+    return ctx
+
+
+def health_app(*, metrics: Metrics, alive: Callable[[], bool], ready: Callable[[], bool]) -> web.Application:
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok") if alive() else web.Response(status=500, text="unhealthy\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready\n")
+
+    async def prometheus(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", prometheus)
+    return app

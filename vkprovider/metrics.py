@@ -1,0 +1,51 @@
+"""Prometheus metrics of one runtime: queue depth, sync latency, errors and API calls.
+
+One registry per runtime (not the global default), so several runtimes in one process, as in
+tests, do not collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+SYNC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _ApiCalls(Collector):
+    def __init__(self, source: Callable[[], dict[str, int]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "vkprovider_api_calls", "Requests made to the front-end apiserver.", labels=["verb"]
+        )
+        for verb, count in sorted(self._source().items()):
+            family.add_metric([verb], count)
+        yield family
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.queue_depth = Gauge("vkprovider_workqueue_depth", "Keys waiting in a work queue.", ["queue"], registry=r)
+        self.sync_seconds = Histogram(
+            "vkprovider_pod_sync_seconds", "Time to sync one pod.", ["result"], buckets=SYNC_BUCKETS, registry=r
+        )
+        self.errors = Counter("vkprovider_errors", "Errors by component and kind.", ["component", "kind"], registry=r)
+        self.status_writes = Counter("vkprovider_pod_status_writes", "Pod status patches written.", registry=r)
+        self.node_patches = Counter("vkprovider_node_status_patches", "Node status patches written.", registry=r)
+        self.is_leader = Gauge("vkprovider_leader", "1 while this replica holds the leader Lease.", registry=r)
+
+    def track_api_calls(self, source: Callable[[], dict[str, int]]) -> None:
+        self.registry.register(_ApiCalls(source))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

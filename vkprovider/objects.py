@@ -1,0 +1,79 @@
+"""TypedDicts for the API objects the runtime handles on hot paths.
+
+They describe the raw JSON as decoded, not a model: only the fields the runtime reads are
+spelled out, and every dict stays a plain dict at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class ObjectMeta(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    generation: int
+    creationTimestamp: str
+    deletionTimestamp: str
+    deletionGracePeriodSeconds: int
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    ownerReferences: list[dict[str, Any]]
+    finalizers: list[str]
+
+
+class ContainerStatus(TypedDict, total=False):
+    name: str
+    image: str
+    imageID: str
+    containerID: str
+    ready: bool
+    started: bool
+    restartCount: int
+    state: dict[str, Any]
+    lastState: dict[str, Any]
+
+
+class PodCondition(TypedDict, total=False):
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+    lastProbeTime: str | None
+
+
+class PodStatus(TypedDict, total=False):
+    phase: str
+    reason: str
+    message: str
+    conditions: list[PodCondition]
+    containerStatuses: list[ContainerStatus]
+    initContainerStatuses: list[ContainerStatus]
+    podIP: str
+    podIPs: list[dict[str, str]]
+    hostIP: str
+    hostIPs: list[dict[str, str]]
+    startTime: str
+    qosClass: str
+
+
+class Pod(TypedDict):
+    apiVersion: NotRequired[str]
+    kind: NotRequired[str]
+    metadata: ObjectMeta
+    spec: dict[str, Any]
+    status: NotRequired[PodStatus]
+
+
+def pod_key(pod: Pod) -> str:
+    """`namespace/name`: the work-queue key of a pod."""
+    meta = pod["metadata"]
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    namespace, _, name = key.partition("/")
+    return namespace, name

@@ -1,0 +1,317 @@
+"""The pod controller: pods bound to our node(s) go to the provider, their status comes back.
+
+One watch per node (field selector on spec.nodeName) keeps a cache of the API's pods and feeds
+a keyed work queue; a fixed pool of workers syncs one key at a time. The controller is the sole
+writer of pod status. Rules it keeps:
+
+- A pod the runtime has reported started (status.startTime) and the provider no longer has was
+  lost: it ends Failed with reason ProviderPodLost. Pods are never re-created silently.
+- A create the provider refuses leaves the pod Pending (Failed when restartPolicy is Never)
+  with reason ProviderFailed and a Warning Event, and is retried with backoff.
+- Deletion: on deletionTimestamp the provider deletes; the API object goes (grace 0, UID
+  precondition) once the provider reports it gone or the grace period has passed.
+- Start-up clean-up deletes only provider pods the provider says this instance owns and that
+  have no pod of the same UID in the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from typing import Any
+
+from vkprovider import logs, podstatus
+from vkprovider.backoff import ExponentialBackoff
+from vkprovider.events import EventRecorder
+from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound
+from vkprovider.metrics import Metrics
+from vkprovider.objects import Pod, PodStatus, pod_key, split_key
+from vkprovider.provider import PodLifecycle, PodNotifier, ProviderError, ProviderInvalid, ProviderNotFound
+from vkprovider.settings import PodSettings
+from vkprovider.workqueue import ShutDown, WorkQueue
+
+PODS_PATH = "/api/v1/pods"
+
+
+def _seconds_until(timestamp: str) -> float:
+    when = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+class PodController:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        provider: PodLifecycle,
+        node_names: list[str],
+        host_ip: str,
+        settings: PodSettings,
+        events: EventRecorder,
+        metrics: Metrics,
+    ) -> None:
+        self._client = client
+        self._provider = provider
+        self._nodes = list(node_names)
+        self._host_ip = host_ip
+        self._settings = settings
+        self._events = events
+        self._metrics = metrics
+        self.cache: dict[str, Pod] = {}
+        self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
+        self._listed: set[str] = set()
+        self.ready = asyncio.Event()
+        self.queue: WorkQueue | None = None
+        self._log = logs.get("pods", node=",".join(node_names))
+
+    # -- the API side ----------------------------------------------------------------------------
+
+    def _observe(self, pod: Pod) -> None:
+        key = pod_key(pod)
+        self.cache[key] = pod
+        rv = pod["metadata"].get("resourceVersion")
+        if rv is not None and self._own_writes.get(key) == rv:
+            return  # the echo of our own status write: nothing new
+        assert self.queue is not None
+        self.queue.add(key)
+
+    async def _watch_node(self, node: str) -> None:
+        params = {"fieldSelector": f"spec.nodeName={node}"}
+        failures = 0
+        while True:
+            try:
+                listed = await self._client.list(PODS_PATH, params=params)
+                rv = listed["metadata"]["resourceVersion"]
+                seen = set()
+                for pod in listed["items"]:
+                    self._observe(pod)
+                    seen.add(pod_key(pod))
+                for key in [k for k, p in self.cache.items() if p["spec"].get("nodeName") == node and k not in seen]:
+                    del self.cache[key]  # deleted while we were not watching
+                    assert self.queue is not None
+                    self.queue.add(key)
+                self._listed.add(node)
+                if self._listed >= set(self._nodes):
+                    self.ready.set()
+                failures = 0
+                while True:
+                    async for event in self._client.watch(PODS_PATH, resource_version=rv, params=params):
+                        obj: Any = event["object"]
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        if event["type"] == "DELETED":
+                            key = pod_key(obj)
+                            cached = self.cache.get(key)
+                            if cached and cached["metadata"].get("uid") == obj["metadata"].get("uid"):
+                                del self.cache[key]
+                            assert self.queue is not None
+                            self.queue.add(key)
+                        else:
+                            self._observe(obj)
+            except Gone:
+                self._log.info("watch expired; listing again", node=node)
+            except ApiError as exc:
+                failures += 1
+                self._metrics.errors.labels("pod-watch", exc.reason).inc()
+                delay = min(30.0, 0.2 * 2**failures)
+                self._log.warning("pod watch failed", node=node, error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+
+    async def _write_status(self, pod: Pod, desired: PodStatus) -> None:
+        meta = pod["metadata"]
+        body = podstatus.status_patch(pod.get("status", {}), desired)
+        body["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
+        updated: Any = await self._client.patch(
+            pod_path(meta.get("namespace", ""), meta.get("name", "")) + "/status", body, patch_type="merge"
+        )
+        key = pod_key(pod)
+        self._own_writes[key] = updated["metadata"]["resourceVersion"]
+        cached = self.cache.get(key)
+        if cached is None or cached["metadata"].get("uid") == updated["metadata"].get("uid"):
+            self.cache[key] = updated
+        self._metrics.status_writes.inc()
+
+    # -- the provider side -----------------------------------------------------------------------
+
+    def _on_provider_change(self, pod: Pod) -> None:
+        if self.queue is not None:
+            self.queue.add(pod_key(pod))
+
+    async def _poll_statuses(self) -> None:
+        """For providers without push: look at every live pod now and then."""
+        while True:
+            await asyncio.sleep(self._settings.status_poll_interval)
+            assert self.queue is not None
+            for key, pod in list(self.cache.items()):
+                if not podstatus.is_terminal(pod):
+                    self.queue.add(key)
+
+    async def _cleanup_orphans(self) -> None:
+        """Once, after the first full list: provider pods with no API pod of the same UID."""
+        await self.ready.wait()
+        try:
+            owned = await self._provider.list_pods()
+        except ProviderError as exc:
+            self._log.warning("start-up clean-up skipped: provider list failed", error=str(exc))
+            return
+        for pod in owned:
+            key = pod_key(pod)
+            api = self.cache.get(key)
+            if api is not None and api["metadata"].get("uid") == pod["metadata"].get("uid"):
+                continue
+            self._log.info("deleting orphaned provider pod", pod=key, uid=pod["metadata"].get("uid"))
+            try:
+                await self._provider.delete_pod(pod)
+            except ProviderNotFound:
+                pass
+            except ProviderError as exc:
+                self._log.warning("orphan delete failed", pod=key, error=str(exc))
+
+    # -- sync ------------------------------------------------------------------------------------
+
+    async def sync(self, key: str) -> None:
+        """Bring one pod's provider state and API status in line; raises to be retried."""
+        namespace, name = split_key(key)
+        pod = self.cache.get(key)
+        if pod is None:
+            remote = await self._provider.get_pod(namespace, name)
+            if remote is not None:
+                self._log.info("pod gone from the API; deleting it in the provider", pod=key)
+                try:
+                    await self._provider.delete_pod(remote)
+                except ProviderNotFound:
+                    pass
+            self._own_writes.pop(key, None)
+            return
+        if pod["metadata"].get("deletionTimestamp"):
+            await self._sync_deleting(key, pod)
+            return
+        if podstatus.is_terminal(pod):
+            return
+        uid = pod["metadata"].get("uid")
+        remote = await self._provider.get_pod(namespace, name)
+        if remote is not None and remote["metadata"].get("uid") != uid:
+            # An earlier pod of the same name is still stopping in the provider.
+            try:
+                await self._provider.delete_pod(remote)
+            except ProviderNotFound:
+                pass
+            assert self.queue is not None
+            self.queue.add_after(key, 0.5)
+            return
+        if remote is None:
+            if podstatus.is_accepted(pod):
+                message = "the pod no longer exists in the provider; it is not re-created"
+                await self._write_status(pod, podstatus.failed_status(pod, reason="ProviderPodLost", message=message))
+                await self._events.emit(pod, reason="ProviderPodLost", message=message, warning=True)
+                return
+            if not await self._create(key, pod):
+                return
+            remote = await self._provider.get_pod(namespace, name)
+            if remote is None:
+                raise ProviderError(f"pod {key} missing right after create")
+        elif not podstatus.pods_equal(pod, remote):
+            await self._provider.update_pod(pod)
+        provided = remote.get("status", {})
+        desired = podstatus.desired_status(pod, provided, host_ip=self._host_ip)
+        if podstatus.status_differs(pod.get("status", {}), desired):
+            await self._write_status(pod, desired)
+            if desired.get("reason") == "Evicted":
+                await self._events.emit(pod, reason="Evicted", message=desired.get("message", ""), warning=True)
+
+    async def _create(self, key: str, pod: Pod) -> bool:
+        try:
+            await self._provider.create_pod(pod)
+        except ProviderInvalid as exc:
+            failed = podstatus.failed_status(pod, reason="ProviderFailed", message=str(exc), exit_code=1)
+            await self._write_status(pod, failed)
+            await self._events.emit(pod, reason="ProviderCreateFailed", message=str(exc), warning=True)
+            return False
+        except ProviderError as exc:
+            status = podstatus.provider_failed_status(pod, str(exc))
+            if podstatus.status_differs(pod.get("status", {}), status) or pod.get("status", {}).get("message") != str(
+                exc
+            ):
+                await self._write_status(pod, status)
+            await self._events.emit(pod, reason="ProviderCreateFailed", message=str(exc), warning=True)
+            if status["phase"] == "Pending":
+                raise
+            return False
+        return True
+
+    async def _sync_deleting(self, key: str, pod: Pod) -> None:
+        namespace, name = split_key(key)
+        uid = pod["metadata"].get("uid")
+        remote = await self._provider.get_pod(namespace, name)
+        gone = remote is None or remote["metadata"].get("uid") != uid
+        if not gone:
+            try:
+                await self._provider.delete_pod(pod)
+            except ProviderNotFound:
+                gone = True
+            else:
+                remote = await self._provider.get_pod(namespace, name)
+                gone = remote is None or remote["metadata"].get("uid") != uid
+        remaining = _seconds_until(pod["metadata"]["deletionTimestamp"])
+        if not gone and remaining > 0:
+            assert self.queue is not None
+            self.queue.add_after(key, min(1.0, remaining))
+            return
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+        try:
+            await self._client.delete(pod_path(namespace, name), body=body)
+        except (NotFound, Conflict):
+            pass  # already gone, or a new pod of that name: not ours to delete
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        assert self.queue is not None
+        queue = self.queue
+        while True:
+            try:
+                key = await queue.get()
+            except ShutDown:
+                return
+            started = time.perf_counter()
+            result = "ok"
+            try:
+                await self.sync(key)
+                queue.forget(key)
+            except Conflict:
+                result = "conflict"
+                queue.add_rate_limited(key)
+            except (ApiError, ProviderError) as exc:
+                result = "error"
+                kind = exc.reason if isinstance(exc, ApiError) else type(exc).__name__
+                self._metrics.errors.labels("pod-sync", kind).inc()
+                delay = queue.add_rate_limited(key)
+                self._log.warning("pod sync failed", pod=key, error=str(exc), retry_in=round(delay, 3))
+            finally:
+                queue.done(key)
+                self._metrics.sync_seconds.labels(result).observe(time.perf_counter() - started)
+                self._metrics.queue_depth.labels("pods").set(len(queue))
+
+    async def run(self) -> None:
+        """Watch, sync and clean up until cancelled."""
+        self.queue = WorkQueue(backoff=ExponentialBackoff(base=0.05, cap=self._settings.retry_cap))
+        tasks = [asyncio.create_task(self._watch_node(n), name=f"pods/watch/{n}") for n in self._nodes]
+        tasks += [asyncio.create_task(self._worker(), name=f"pods/worker/{i}") for i in range(self._settings.workers)]
+        if isinstance(self._provider, PodNotifier):
+            self._provider.notify_pods(self._on_provider_change)
+        else:
+            tasks.append(asyncio.create_task(self._poll_statuses(), name="pods/poll"))
+        tasks.append(asyncio.create_task(self._cleanup_orphans(), name="pods/cleanup"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self.queue.shut_down()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,114 @@
+"""The provider contract: what the runtime asks of whatever runs the pods.
+
+Small protocols, so a provider implements only what it can: pod lifecycle is required; status
+push, node status, logs and stats are optional and detected at start-up. Every method may be
+called again after a restart with the same pod (same UID) and must be idempotent.
+
+Errors a provider raises: `ProviderNotFound` (the pod is not there: a delete treats it as done),
+`ProviderInvalid` (this pod can never be created as it is), anything else (transient: retried).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from vkprovider.objects import Pod, PodStatus
+
+
+class ProviderError(Exception):
+    """A provider failure the runtime should retry."""
+
+
+class ProviderNotFound(ProviderError):
+    """The pod (or container) does not exist in the provider."""
+
+
+class ProviderInvalid(ProviderError):
+    """The pod cannot be run as specified; retrying will not help."""
+
+
+@runtime_checkable
+class PodLifecycle(Protocol):
+    """Required: pods in and out of the provider, keyed by namespace, name and UID."""
+
+    async def create_pod(self, pod: Pod) -> None:
+        """Start the pod; a second call for the same UID is a no-op."""
+
+    async def update_pod(self, pod: Pod) -> None:
+        """Apply changes to mutable fields (images, labels, annotations, activeDeadlineSeconds)."""
+
+    async def delete_pod(self, pod: Pod) -> None:
+        """Stop the pod (honouring its grace period) and forget it; ProviderNotFound if absent.
+        Afterwards `get_pod_status` reports a terminal status until the pod is gone."""
+
+    async def get_pod(self, namespace: str, name: str) -> Pod | None:
+        """The provider's view of the pod, or None."""
+
+    async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
+        """The pod's current status as the provider sees it, or None if it has no such pod."""
+
+    async def list_pods(self) -> list[Pod]:
+        """Pods this instance owns: never another instance's, since start-up clean-up deletes
+        whatever is listed here and not in the API."""
+
+
+PodChanged = Callable[[Pod], None]
+
+
+@runtime_checkable
+class PodNotifier(Protocol):
+    """Optional: push status changes instead of being polled."""
+
+    def notify_pods(self, callback: PodChanged) -> None:
+        """Register `callback`, called (never blocking) with the pod whenever its status changes."""
+
+
+@dataclass(kw_only=True)
+class NodeStatus:
+    """What the provider says about its node: resources, extra labels and conditions."""
+
+    capacity: dict[str, str]
+    allocatable: dict[str, str] | None = None  # defaults to capacity
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    conditions: list[dict[str, Any]] = field(default_factory=list)  # extra, provider-owned types
+
+
+@runtime_checkable
+class NodeProvider(Protocol):
+    """Optional: node capacity and provider conditions (default: a fixed capacity from settings)."""
+
+    async def node_status(self, node_name: str) -> NodeStatus:
+        """The node's current resources and provider-owned conditions."""
+
+    def notify_node_status(self, callback: Callable[[str], None]) -> None:
+        """Register `callback(node_name)`, called when a node's status changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogOptions:
+    follow: bool = False
+    tail_lines: int | None = None
+    limit_bytes: int | None = None
+    since_seconds: int | None = None
+    since_time: str | None = None  # RFC 3339
+    timestamps: bool = False
+    previous: bool = False
+
+
+@runtime_checkable
+class LogProvider(Protocol):
+    """Optional: container logs for `kubectl logs`."""
+
+    def container_logs(self, namespace: str, name: str, container: str, options: LogOptions) -> AsyncIterator[bytes]:
+        """Lines (each ending in a newline) as they become available; ends unless following."""
+
+
+@runtime_checkable
+class StatsProvider(Protocol):
+    """Optional: resource usage for /stats/summary and /metrics/resource."""
+
+    async def stats_summary(self, node_name: str) -> dict[str, Any]:
+        """A `stats/v1alpha1` Summary."""

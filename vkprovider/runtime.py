@@ -1,0 +1,222 @@
+"""One virtual-kubelet process: the order things start in, and a bounded, explicit shutdown.
+
+Start: (leader election) → pod controller, ready once it has listed its pods → node
+registration → node status and lease loops → kubelet API. The pod controller is ready before
+the node exists, so no pod bound to a fresh node waits for a cold cache. Stop (SIGTERM, a
+failed task, lost leadership): the kubelet API closes, tasks get `shutdown.grace` seconds, the
+lease is released on a clean stop, the first error is re-raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from vkprovider import logs
+from vkprovider.election import LeaderElector
+from vkprovider.events import EventRecorder
+from vkprovider.httpapi.auth import Authenticator, Authorizer
+from vkprovider.httpapi.certs import serving_certificate
+from vkprovider.httpapi.server import KubeletApi, health_app, tls_context
+from vkprovider.kube import ApiError, ClusterAccess, KubeClient, load_kubeconfig
+from vkprovider.kube.access import in_cluster
+from vkprovider.lease import LeaseController
+from vkprovider.memory import MemoryProvider, MemorySettings
+from vkprovider.metrics import Metrics
+from vkprovider.node import NodeController
+from vkprovider.pods import PodController
+from vkprovider.provider import PodLifecycle
+from vkprovider.settings import Settings, SettingsError
+from vkprovider.supervisor import Supervisor
+
+
+def build_provider(settings: Settings) -> PodLifecycle:
+    if settings.provider.type == "memory":
+        m = settings.provider.memory
+        return MemoryProvider(
+            MemorySettings(
+                startup_delay=m.startup_delay,
+                stop_seconds=m.stop_seconds,
+                log_interval=m.log_interval,
+                latency=m.latency,
+                capacity=dict(m.capacity),
+                state_file=m.state_file,
+            )
+        )
+    raise SettingsError(f"provider type {settings.provider.type!r} is not available in this release")
+
+
+def cluster_access(settings: Settings) -> ClusterAccess:
+    if settings.kube.kubeconfig:
+        return load_kubeconfig(settings.kube.kubeconfig, context=settings.kube.context)
+    return in_cluster()
+
+
+async def _client_ca(client: KubeClient, settings: Settings) -> bytes | None:
+    if settings.http.client_ca_file:
+        return settings.http.client_ca_file.read_bytes()
+    try:
+        cm = await client.get("/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication")
+    except ApiError:
+        return None
+    ca = cm.get("data", {}).get("client-ca-file")
+    return ca.encode() if ca else None
+
+
+class Runtime:
+    def __init__(self, settings: Settings, provider: PodLifecycle, *, access: ClusterAccess | None = None) -> None:
+        self.settings = settings
+        self.provider = provider
+        self._access = access
+        self.metrics = Metrics()
+        self._stop = asyncio.Event()
+        self._ready = False
+        self._log = logs.get("runtime", node=settings.node.name)
+        self.pods: PodController | None = None
+        self.lease: LeaseController | None = None
+        self.elector: LeaderElector | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def _until(self, awaitable: Any, supervisor: Supervisor) -> bool:
+        """Wait for `awaitable`, a stop request or a task failure; True if it completed."""
+        target = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(self._stop.wait())
+        failed = asyncio.ensure_future(supervisor.wait_failure())
+        try:
+            await asyncio.wait({target, stop, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (target, stop, failed):
+                if not fut.done():
+                    fut.cancel()
+            await asyncio.gather(target, stop, failed, return_exceptions=True)
+        if supervisor.first_error is not None:
+            raise supervisor.first_error
+        return target.done() and not target.cancelled() and target.exception() is None
+
+    async def run(self) -> None:
+        settings = self.settings
+        node_name = settings.node.name
+        access = self._access or cluster_access(settings)
+        client = KubeClient(access, user_agent=f"vkprovider/{node_name}", request_timeout=settings.kube.request_timeout)
+        self.metrics.track_api_calls(lambda: dict(client.calls))
+        supervisor = Supervisor("runtime")
+        runners: list[web.AppRunner] = []
+        clean = False
+        if isinstance(self.provider, MemoryProvider):
+            self.provider.resume()
+        try:
+            if settings.http.health_port:
+                runner = web.AppRunner(
+                    health_app(
+                        metrics=self.metrics, alive=lambda: supervisor.first_error is None, ready=lambda: self._ready
+                    ),
+                    access_log=None,
+                )
+                await runner.setup()
+                await web.TCPSite(runner, settings.http.health_bind, settings.http.health_port).start()
+                runners.append(runner)
+            if settings.leader_election.enabled:
+                self.elector = LeaderElector(
+                    client, settings.leader_election, name=settings.leader_election.name or f"vkprovider-{node_name}"
+                )
+                if not await self._until(self.elector.acquire(), supervisor):
+                    clean = True
+                    return
+                self.metrics.is_leader.set(1)
+                supervisor.start("election", self.elector.hold())
+
+            events = EventRecorder(
+                client, component="vkprovider", host=node_name, dedupe_seconds=settings.pods.event_dedupe_seconds
+            )
+            self.pods = PodController(
+                client=client,
+                provider=self.provider,
+                node_names=[node_name],
+                host_ip=settings.node.internal_ip(),
+                settings=settings.pods,
+                events=events,
+                metrics=self.metrics,
+            )
+            supervisor.start("pods", self.pods.run())
+            if not await self._until(self.pods.ready.wait(), supervisor):
+                clean = True
+                return
+
+            node = NodeController(
+                client=client,
+                settings=settings.node,
+                provider=self.provider,
+                port=settings.http.port,
+                metrics=self.metrics,
+            )
+            node_uid = await node.register()
+            supervisor.start("node-status", node.run())
+            self.lease = LeaseController(
+                client=client,
+                node=node_name,
+                node_uid=node_uid,
+                duration=settings.node.lease_duration,
+                interval=settings.node.lease_renew_interval,
+                metrics=self.metrics,
+            )
+            await self.lease.renew()
+            supervisor.start("lease", self.lease.run())
+
+            runners.append(await self._serve_kubelet_api(client))
+            self._ready = True
+            self._log.info("ready", port=settings.http.port, address=settings.node.internal_ip())
+            await self._until(asyncio.Event().wait(), supervisor)
+            clean = True
+        finally:
+            self._ready = False
+            self._log.info("stopping", clean=clean)
+            for runner in reversed(runners):
+                await runner.cleanup()
+            await supervisor.stop(settings.shutdown.grace)
+            if clean and self.elector is not None:
+                await self.elector.release()
+            self.metrics.is_leader.set(0)
+            await client.close()
+            close = getattr(self.provider, "close", None)
+            if callable(close):
+                close()
+            self._log.info("stopped")
+
+    async def _serve_kubelet_api(self, client: KubeClient) -> web.AppRunner:
+        settings = self.settings
+        node_name = settings.node.name
+        cert_dir = Path(tempfile.mkdtemp(prefix=f"vkprovider-{node_name}-"))
+        cert = await serving_certificate(
+            client, settings.http, node=node_name, address=settings.node.internal_ip(), directory=cert_dir
+        )
+        client_ca = await _client_ca(client, settings)
+        if client_ca is None:
+            self._log.warning("no client CA: only bearer tokens can authenticate to the kubelet API")
+        api = KubeletApi(
+            node=node_name,
+            provider=self.provider,
+            pods=lambda: list(self.pods.cache.values()) if self.pods else [],
+            authenticator=Authenticator(client, ttl=settings.http.authn_cache_seconds),
+            authorizer=Authorizer(
+                client,
+                node=node_name,
+                allow_ttl=settings.http.authz_allow_cache_seconds,
+                deny_ttl=settings.http.authz_deny_cache_seconds,
+            ),
+        )
+        runner = web.AppRunner(api.app(), access_log=None)
+        await runner.setup()
+        ssl_context = tls_context(cert_file=str(cert.cert_file), key_file=str(cert.key_file), client_ca=client_ca)
+        await web.TCPSite(runner, settings.http.bind, settings.http.port, ssl_context=ssl_context).start()
+        self._log.info("kubelet API serving", port=settings.http.port, certificate=cert.source)
+        return runner
