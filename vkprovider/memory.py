@@ -89,8 +89,6 @@ class MemoryProvider:
         self._db: sqlite3.Connection | None = None
         #: Calls per method: what tests check for duplicates.
         self.calls: dict[str, int] = {}
-        if self.settings.state_file:
-            self._open(self.settings.state_file)
 
     # -- persistence -----------------------------------------------------------------------------
 
@@ -260,7 +258,12 @@ class MemoryProvider:
         self._emit(key)
 
     def resume(self) -> None:
-        """Re-arm notifications for pods loaded from the state file (call inside the loop)."""
+        """Load the state file (if any) and arm the status notifications; call inside the event
+        loop when the runtime starts driving pods, which for a standby replica is only once it
+        leads, so it sees the backend as the previous leader left it."""
+        if self.settings.state_file and self._db is None:
+            self._records.clear()
+            self._open(self.settings.state_file)
         for record in list(self._records.values()):
             self._schedule(record)
 

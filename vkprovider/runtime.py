@@ -112,8 +112,6 @@ class Runtime:
         supervisor = Supervisor("runtime")
         runners: list[web.AppRunner] = []
         clean = False
-        if isinstance(self.provider, MemoryProvider):
-            self.provider.resume()
         try:
             if settings.http.health_port:
                 runner = web.AppRunner(
@@ -135,6 +133,8 @@ class Runtime:
                 self.metrics.is_leader.set(1)
                 supervisor.start("election", self.elector.hold())
 
+            if isinstance(self.provider, MemoryProvider):
+                self.provider.resume()
             events = EventRecorder(
                 client, component="vkprovider", host=node_name, dedupe_seconds=settings.pods.event_dedupe_seconds
             )
