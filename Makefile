@@ -40,10 +40,11 @@ demo: $(STAMP) binaries
 	$(BIN)/python -m e2e.demo --state $(LAB)
 
 down: $(STAMP)
-	-$(BIN)/python -m e2e down --state $(LAB)
+	-$(BIN)/python -m e2e.demo --stop --state $(LAB)
 
 bench: $(STAMP) binaries
 	$(BIN)/python -m bench.lab_up
+	$(BIN)/python -m bench.runtime_pods
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info

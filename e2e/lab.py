@@ -475,16 +475,20 @@ async def start_cluster(state_dir: Path, name: str) -> None:
         raise
 
 
-def provider_config(lab: LabState, provider: str) -> str:
-    """A provider config for this lab: the front end is `offline`, members are the rest."""
+def provider_config(lab: LabState, provider: str, *, node: str = "vk-lab", port: int = 10250) -> str:
+    """Settings for `vkprovider run --config` against this lab's front end (`offline`)."""
     config: dict[str, Any] = {
-        "provider": provider,
-        "kubeconfig": str(lab.kubeconfig("offline")),
+        "kube": {"kubeconfig": str(lab.kubeconfig("offline"))},
+        "node": {"name": node, "provider_id": provider},
+        "http": {"port": port, "bind": "127.0.0.1"},
+        "provider": {"type": provider},
     }
     if provider == "federation":
-        config["members"] = [
-            {"name": name, "kubeconfig": str(lab.kubeconfig(name))}
-            for name, cluster in lab.clusters.items()
-            if cluster.role == "member"
-        ]
+        config["provider"]["federation"] = {
+            "members": [
+                {"name": name, "kubeconfig": str(lab.kubeconfig(name))}
+                for name, cluster in lab.clusters.items()
+                if cluster.role == "member"
+            ]
+        }
     return yaml.safe_dump(config, sort_keys=False)
