@@ -167,7 +167,7 @@ async def _install_crds(client: KubeClient) -> None:
     for name in names:
         for _ in range(300):
             crd = await client.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+            conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
             if conditions.get("Established") == "True":
                 break
             await asyncio.sleep(0.1)

@@ -14,6 +14,10 @@ import subprocess
 import time
 from pathlib import Path
 
+#: Processes this Python process started: polled instead of reaped blindly, so their exit
+#: status is kept for error messages.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
 
 def spawn(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,10 +31,15 @@ def spawn(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None)
             env=env,
             close_fds=True,
         )
+    _children[proc.pid] = proc
     return proc.pid
 
 
 def _reap(pid: int) -> None:
+    child = _children.get(pid)
+    if child is not None:
+        child.poll()
+        return
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
@@ -40,6 +49,9 @@ def alive(pid: int | None, marker: str) -> bool:
     if not pid:
         return False
     _reap(pid)
+    child = _children.get(pid)
+    if child is not None and child.returncode is not None:
+        return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -51,6 +63,9 @@ def alive(pid: int | None, marker: str) -> bool:
 
 def exit_code(pid: int) -> int | None:
     """The exit status of a child that has ended, if this process started it and it has ended."""
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll()
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

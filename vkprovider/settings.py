@@ -103,7 +103,7 @@ class MemoryProviderSettings(_Section):
 
 class ProviderSettings(_Section):
     type: Literal["memory", "federation"] = "memory"
-    memory: MemoryProviderSettings = Field(default_factory=MemoryProviderSettings)  # type: ignore[arg-type]
+    memory: MemoryProviderSettings = Field(default_factory=MemoryProviderSettings)
     federation: dict[str, Any] = Field(default_factory=dict, description="Settings of the federation provider.")
 
 
@@ -114,14 +114,14 @@ class ShutdownSettings(_Section):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VKPROVIDER_", env_nested_delimiter="__", extra="forbid")
 
-    kube: KubeSettings = Field(default_factory=KubeSettings)  # type: ignore[arg-type]
-    node: NodeSettings = Field(default_factory=NodeSettings)  # type: ignore[arg-type]
-    pods: PodSettings = Field(default_factory=PodSettings)  # type: ignore[arg-type]
-    http: HttpSettings = Field(default_factory=HttpSettings)  # type: ignore[arg-type]
-    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)  # type: ignore[arg-type]
-    log: LogSettings = Field(default_factory=LogSettings)  # type: ignore[arg-type]
+    kube: KubeSettings = Field(default_factory=KubeSettings)
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    pods: PodSettings = Field(default_factory=PodSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
-    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)  # type: ignore[arg-type]
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
 
     @classmethod
     def settings_customise_sources(

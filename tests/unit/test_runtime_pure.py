@@ -250,7 +250,7 @@ def test_resource_metrics_text() -> None:
 
 
 def test_node_object_labels_taint_and_conditions() -> None:
-    node_settings = settings.NodeSettings(name="vk", labels={"team": "ml"})  # type: ignore[call-arg]
+    node_settings = settings.NodeSettings(name="vk", labels={"team": "ml"})
     built = node.build_node(node_settings, NodeStatus(capacity={"cpu": "10"}), port=10250, now="t")
     labels = built["metadata"]["labels"]
     assert labels["type"] == "virtual-kubelet" and labels["kubernetes.io/role"] == "agent" and labels["team"] == "ml"
@@ -262,7 +262,7 @@ def test_node_object_labels_taint_and_conditions() -> None:
 
 
 def test_node_conditions_keep_transition_and_remove_vanished_resources() -> None:
-    node_settings = settings.NodeSettings(name="vk")  # type: ignore[call-arg]
+    node_settings = settings.NodeSettings(name="vk")
     current = {
         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "first"}],
         "capacity": {"cpu": "10", "nvidia.com/gpu": "8"},

@@ -1,0 +1,251 @@
+"""What a member can lend, as sums and as shapes (pure arithmetic over an Inventory).
+
+Capacity models, chosen per member:
+- requests headroom: per eligible node (Ready, schedulable, every NoSchedule/NoExecute taint
+  tolerated by our pods), allocatable minus the requests of online pods and of our pods minus a
+  reserve (a watermark share of allocatable kept for online bursts);
+- colocation: the reclaimable resources a colocation stack publishes on the node (Koordinator
+  batch-cpu/batch-memory, Katalyst reclaimed_millicpu/reclaimed_memory) minus what batch pods
+  already request, as canonical cpu and memory; other resources (GPUs, pods) as headroom.
+Time windows scale what is lent by time of day (windows may cross midnight) or cap it; a hard
+cap per member bounds the sums. Our own pods count as used capacity, never as online load: the
+virtual node's allocatable is what is lendable plus what our pods already use.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from federation import labels, quantities
+from federation.inventory import Inventory, NodeRecord, tolerates
+
+TRACKED = (quantities.CPU, quantities.MEMORY, quantities.GPU, quantities.PODS, "ephemeral-storage")
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """From `start` to `end` (local wall-clock "HH:MM"; end before start crosses midnight)."""
+
+    start: datetime.time
+    end: datetime.time
+    multiplier: float = 1.0
+    cap: dict[str, int] = field(default_factory=dict)
+
+    def active(self, at: datetime.time) -> bool:
+        if self.start <= self.end:
+            return self.start <= at < self.end
+        return at >= self.start or at < self.end
+
+
+@dataclass(frozen=True)
+class CapacityPolicy:
+    model: Literal["requests", "colocation"] = "requests"
+    reserve_percent: float = 10.0
+    tolerations: tuple[dict[str, Any], ...] = ()
+    windows: tuple[TimeWindow, ...] = ()
+    cap: dict[str, int] = field(default_factory=dict)
+
+
+def eligible(node: NodeRecord, policy: CapacityPolicy) -> bool:
+    return node.ready and node.schedulable and all(tolerates(policy.tolerations, t) for t in node.taints)
+
+
+def _colocation_free(node: NodeRecord, used: dict[str, int]) -> dict[str, int]:
+    """Reclaimable cpu/memory left on the node, keyed by canonical name."""
+    free: dict[str, int] = {}
+    for name, canonical in labels.COLOCATION_RESOURCES.items():
+        if name in node.allocatable:
+            free[canonical] = free.get(canonical, 0) + node.allocatable[name] - used.get(name, 0)
+    return free
+
+
+def node_free(
+    node: NodeRecord,
+    *,
+    online_used: dict[str, int],
+    ours_used: dict[str, int],
+    policy: CapacityPolicy,
+) -> dict[str, int]:
+    """What one eligible node can lend now (never negative)."""
+    free: dict[str, int] = {}
+    for name, allocatable in node.allocatable.items():
+        if name in labels.COLOCATION_RESOURCES:
+            continue
+        reserve = int(allocatable * policy.reserve_percent / 100) if name in (quantities.CPU, quantities.MEMORY) else 0
+        free[name] = allocatable - online_used.get(name, 0) - ours_used.get(name, 0) - reserve
+    if policy.model == "colocation":
+        both = quantities.add(online_used, ours_used)
+        free.update(_colocation_free(node, both))
+    return {name: max(0, value) for name, value in free.items()}
+
+
+def ours_canonical(used: dict[str, int]) -> dict[str, int]:
+    """Our pods' usage with colocation resource names folded into canonical ones."""
+    out: dict[str, int] = {}
+    for name, value in used.items():
+        canonical = labels.COLOCATION_RESOURCES.get(name, name)
+        out[canonical] = out.get(canonical, 0) + value
+    return out
+
+
+def _window_factor(policy: CapacityPolicy, now: datetime.time) -> tuple[float, dict[str, int]]:
+    factor, cap = 1.0, dict(policy.cap)
+    for window in policy.windows:
+        if window.active(now):
+            factor *= window.multiplier
+            for name, value in window.cap.items():
+                cap[name] = min(cap.get(name, value), value)
+    return factor, cap
+
+
+@dataclass
+class NodeFree:
+    """One node's lendable resources and the labels placement groups by (the Python API)."""
+
+    name: str
+    free: dict[str, int]
+    gpu_product: str | None
+    network_pod: str | None
+    zone: str | None
+
+
+@dataclass
+class MemberCapacity:
+    """A member's summary: sums, shapes, and per-node free vectors for placement."""
+
+    name: str
+    reachable: bool = True
+    lendable: dict[str, int] = field(default_factory=dict)
+    ours_used: dict[str, int] = field(default_factory=dict)
+    nodes_total: int = 0
+    nodes_eligible: int = 0
+    largest: dict[str, dict[str, int]] = field(default_factory=dict)  # by "cpu", "memory", "gpu"
+    gpus_by_model: dict[str, int] = field(default_factory=dict)  # free GPUs per model
+    gpus_total_by_model: dict[str, int] = field(default_factory=dict)  # allocatable GPUs per model
+    network_pods: dict[str, dict[str, int]] = field(default_factory=dict)  # free per network pod
+    numa_largest: dict[str, int] = field(default_factory=dict)  # most free in one NUMA zone
+    numa_zones: int = 0
+    nodes: list[NodeFree] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        """What the virtual node shows for this member: lendable plus what our pods use."""
+        return quantities.add(self.lendable, self.ours_used)
+
+    def fits_one(self, request: dict[str, int]) -> bool:
+        return any(quantities.fits(request, n.free) for n in self.nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        def fmt(vec: dict[str, int]) -> dict[str, str]:
+            return {k: quantities.format_quantity(k, v) for k, v in sorted(vec.items())}
+
+        return {
+            "name": self.name,
+            "reachable": self.reachable,
+            "lendable": fmt(self.lendable),
+            "used": fmt(self.ours_used),
+            "capacity": fmt(self.capacity),
+            "nodes": {"total": self.nodes_total, "eligible": self.nodes_eligible},
+            "largest": {k: fmt(v) for k, v in self.largest.items()},
+            "gpusByModel": dict(sorted(self.gpus_by_model.items())),
+            "gpusTotalByModel": dict(sorted(self.gpus_total_by_model.items())),
+            "networkPods": {k: fmt(v) for k, v in sorted(self.network_pods.items())},
+            "numa": {"zones": self.numa_zones, "largestZone": fmt(self.numa_largest)},
+        }
+
+
+def summarize(
+    name: str,
+    inventory: Inventory,
+    policy: CapacityPolicy,
+    *,
+    now: datetime.time | None = None,
+) -> MemberCapacity:
+    """The member's capacity from its inventory (O(nodes); called coalesced, not per event)."""
+    now = now or datetime.datetime.now().time()
+    factor, cap = _window_factor(policy, now)
+    summary = MemberCapacity(name=name, nodes_total=len(inventory.nodes))
+    ours_total: dict[str, int] = {}
+    for used in inventory.ours_used.values():
+        ours_total = quantities.add(ours_total, ours_canonical(used))
+    summary.ours_used = {k: v for k, v in ours_total.items() if v}
+    lendable: dict[str, int] = {}
+    for node in inventory.nodes.values():
+        if node.gpu_product and quantities.GPU in node.allocatable:
+            summary.gpus_total_by_model[node.gpu_product] = (
+                summary.gpus_total_by_model.get(node.gpu_product, 0) + node.allocatable[quantities.GPU]
+            )
+        if not eligible(node, policy):
+            continue
+        summary.nodes_eligible += 1
+        free = node_free(
+            node,
+            online_used=inventory.online_used.get(node.name, {}),
+            ours_used=inventory.ours_used.get(node.name, {}),
+            policy=policy,
+        )
+        if factor != 1.0:
+            free = {k: int(v * factor) for k, v in free.items()}
+        free = {k: min(v, cap[k]) if k in cap else v for k, v in free.items()}
+        summary.nodes.append(NodeFree(node.name, free, node.gpu_product, node.network_pod, node.zone))
+        lendable = quantities.add(lendable, free)
+        if node.gpu_product and free.get(quantities.GPU):
+            summary.gpus_by_model[node.gpu_product] = (
+                summary.gpus_by_model.get(node.gpu_product, 0) + free[quantities.GPU]
+            )
+        if node.network_pod:
+            summary.network_pods[node.network_pod] = quantities.add(
+                summary.network_pods.get(node.network_pod, {}), free
+            )
+        for zone in inventory.numa.get(node.name, ()):
+            summary.numa_zones += 1
+            for rname, value in zone.available.items():
+                summary.numa_largest[rname] = max(summary.numa_largest.get(rname, 0), value)
+    summary.lendable = {k: min(v, cap[k]) if k in cap else v for k, v in lendable.items()}
+    summary.largest = _largest(summary.nodes, cap)
+    return summary
+
+
+def _largest(nodes: Iterable[NodeFree], cap: dict[str, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for key, resource in (("cpu", quantities.CPU), ("memory", quantities.MEMORY), ("gpu", quantities.GPU)):
+        best = max(nodes, key=lambda n, r=resource: n.free.get(r, 0), default=None)  # type: ignore[misc]
+        if best is not None and best.free.get(resource, 0) > 0:
+            out[key] = {k: v for k, v in best.free.items() if k in TRACKED}
+    return out
+
+
+@dataclass
+class Damper:
+    """Hysteresis for published capacity: decreases are published at once (never over-admit);
+    an increase waits until it exceeds `relative` of the published value (or `absolute` units)
+    or has held for `hold` seconds, so noise does not flap the node."""
+
+    relative: float = 0.02
+    absolute: dict[str, int] = field(default_factory=lambda: {quantities.CPU: 1000, quantities.MEMORY: 2**30})
+    hold: float = 10.0
+    published: dict[str, int] = field(default_factory=dict)
+    _pending_since: float | None = None
+
+    def update(self, computed: dict[str, int], now: float) -> tuple[dict[str, int], bool]:
+        """(what to publish, whether it changed)."""
+        if computed == self.published:
+            self._pending_since = None
+            return self.published, False
+        names = set(computed) | set(self.published)
+        decrease = any(computed.get(n, 0) < self.published.get(n, 0) for n in names)
+        big = any(
+            abs(computed.get(n, 0) - self.published.get(n, 0))
+            > max(self.relative * self.published.get(n, 0), self.absolute.get(n, 0))
+            for n in names
+        )
+        if self._pending_since is None:
+            self._pending_since = now
+        if decrease or big or not self.published or now - self._pending_since >= self.hold:
+            self.published = dict(computed)
+            self._pending_since = None
+            return self.published, True
+        return self.published, False

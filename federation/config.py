@@ -1,0 +1,82 @@
+"""Settings of the federation provider (`provider.federation` in the runtime's settings) and of
+one member cluster, whether declared there or as a MemberCluster object."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from federation import labels, quantities
+from federation.capacity import CapacityPolicy, TimeWindow
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class WindowConfig(_Model):
+    start: str = Field(description='Local time "HH:MM" the window opens.')
+    end: str = Field(description='Local time "HH:MM" it closes; before start means it crosses midnight.')
+    multiplier: float = Field(1.0, ge=0, description="Share of the lendable capacity lent while open.")
+    cap: dict[str, str] = Field(default_factory=dict, description="Caps on the sums while open (quantities).")
+
+    @field_validator("start", "end")
+    @classmethod
+    def _clock(cls, value: str) -> str:
+        datetime.time.fromisoformat(value)
+        return value
+
+
+class CapacityConfig(_Model):
+    model: Literal["requests", "colocation"] = Field("requests", description="How lendable capacity is computed.")
+    reserve_percent: float = Field(
+        10.0, ge=0, le=100, alias="reservePercent", description="Share of each node kept for online bursts."
+    )
+    cap: dict[str, str] = Field(default_factory=dict, description="Hard cap on what the member lends (its quota).")
+    windows: list[WindowConfig] = Field(default_factory=list, description="Time-of-day multipliers and caps.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Taints our pods tolerate there (tainted nodes count only then)."
+    )
+
+    def policy(self) -> CapacityPolicy:
+        return CapacityPolicy(
+            model=self.model,
+            reserve_percent=self.reserve_percent,
+            tolerations=tuple(self.tolerations),
+            windows=tuple(
+                TimeWindow(
+                    datetime.time.fromisoformat(w.start),
+                    datetime.time.fromisoformat(w.end),
+                    w.multiplier,
+                    quantities.vector(w.cap),
+                )
+                for w in self.windows
+            ),
+            cap=quantities.vector(self.cap),
+        )
+
+
+class MemberConfig(_Model):
+    name: str = Field(description="Name of the member cluster.")
+    kubeconfig: Path | None = Field(None, description="Kubeconfig file of the member (or kubeconfig_secret).")
+    enabled: bool = Field(True, description="A disabled member lends nothing and receives no pods.")
+    weight: int = Field(1, ge=0, description="Preference among members that can host a job.")
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    network_pod_label: str = Field(labels.NETWORK_POD, description="Node label naming a node's network pod.")
+    source: Literal["direct", "agent"] = Field("direct", description="Watch the member, or read its capacity agent.")
+    agent_address: str | None = Field(None, description="host:port of the member's capacity agent.")
+    agent_tls_ca: Path | None = Field(None, description="CA of the agent's certificate; unset: plaintext.")
+
+
+class FederationConfig(_Model):
+    members: list[MemberConfig] = Field(default_factory=list, description="Members declared in the settings.")
+    member_objects: bool = Field(True, description="Also take members from MemberCluster objects.")
+    virtual_nodes: Literal["pooled", "per-member"] = Field(
+        "pooled", description="One virtual node over all members, or one per member."
+    )
+    unreachable_grace: float = Field(30.0, description="Seconds a member may be unreachable before losing capacity.")
+    publish_interval: float = Field(0.5, description="Seconds between capacity recomputations at most.")
+    damping_hold: float = Field(10.0, description="Seconds a small increase waits before it is published.")

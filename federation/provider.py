@@ -1,0 +1,479 @@
+"""The federation provider: member clusters behind virtual nodes.
+
+It owns the set of members (from the settings and from MemberCluster objects, changeable at
+run time), one capacity source per member (direct watches, or the member's capacity agent),
+and the virtual nodes' status: capacity = allocatable = what members can lend plus what our
+pods already use there, recomputed coalesced (at most every `publish_interval`) and damped
+against noise. A member unreachable past `unreachable_grace` lends nothing and is flagged on
+its MemberCluster and on the node, which stays Ready. Dispatch of pods arrives separately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from federation import capacity, quantities
+from federation.capacity import Damper, MemberCapacity
+from federation.config import CapacityConfig, FederationConfig, MemberConfig
+from federation.watch import MemberWatcher
+from vkprovider import logs
+from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
+from vkprovider.kube.access import parse_kubeconfig
+from vkprovider.objects import Pod, PodStatus
+from vkprovider.provider import NodeStatus, PodChanged, ProviderError, ProviderNotFound
+
+MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
+GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
+MEMBER_LABEL = "vkprovider.io/member"
+
+
+class CapacitySource(Protocol):
+    """Where a member's inventory comes from: direct watches or the member's agent."""
+
+    name: str
+
+    @property
+    def synced(self) -> asyncio.Event: ...
+
+    def unreachable_for(self) -> float: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+    @property
+    def last_contact_wall(self) -> float | None: ...
+
+    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity: ...
+
+    async def run(self) -> None: ...
+
+
+class DirectSource:
+    """Capacity from watching the member's apiserver."""
+
+    def __init__(self, name: str, access: ClusterAccess, *, on_change: Callable[[], None], network_pod_label: str):
+        self.name = name
+        self.watcher = MemberWatcher(name, access, on_change=on_change, network_pod_label=network_pod_label)
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.watcher.synced
+
+    @property
+    def last_error(self) -> str | None:
+        return self.watcher.last_error
+
+    @property
+    def last_contact_wall(self) -> float | None:
+        return self.watcher.last_contact_wall
+
+    def unreachable_for(self) -> float:
+        return self.watcher.unreachable_for()
+
+    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
+        return capacity.summarize(self.name, self.watcher.inventory, policy)
+
+    async def run(self) -> None:
+        await self.watcher.run()
+
+
+@dataclass
+class Member:
+    config: MemberConfig
+    source: CapacitySource
+    from_object: bool = False
+    task: asyncio.Task[None] | None = None
+    summary: MemberCapacity | None = None
+    reachable: bool = True
+    status_written: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def _condition(ctype: str, ok: bool, reason: str, message: str, now: str) -> dict[str, Any]:
+    return {
+        "type": ctype,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+
+
+def member_from_object(obj: dict[str, Any]) -> MemberConfig:
+    """The member a MemberCluster object declares (its kubeconfig is read separately)."""
+    spec = obj.get("spec") or {}
+    return MemberConfig(
+        name=obj["metadata"]["name"],
+        enabled=spec.get("enabled", True),
+        weight=spec.get("weight", 1),
+        capacity=CapacityConfig.model_validate(spec.get("capacity") or {}),
+        network_pod_label=spec.get("networkPodLabel") or MemberConfig.model_fields["network_pod_label"].default,
+        source=spec.get("source", "direct"),
+        agent_address=spec.get("agentAddress"),
+    )
+
+
+class FederationProvider:
+    def __init__(
+        self,
+        config: FederationConfig,
+        *,
+        node_name: str,
+        source_factory: Callable[[MemberConfig, ClusterAccess | None, Callable[[], None]], CapacitySource]
+        | None = None,
+    ) -> None:
+        self.config = config
+        self.node_name = node_name
+        self.members: dict[str, Member] = {}
+        self._node_callbacks: list[Callable[[str], None]] = []
+        self._node_set_callbacks: list[Callable[[], None]] = []
+        self._dirty = asyncio.Event()
+        self._dampers: dict[str, Damper] = {}
+        self._published: dict[str, NodeStatus] = {}
+        self._source_factory = source_factory or self._default_source
+        self._client: KubeClient | None = None
+        self._log = logs.get("federation", node=node_name)
+
+    # -- members ---------------------------------------------------------------------------------
+
+    def _default_source(
+        self, config: MemberConfig, access: ClusterAccess | None, on_change: Callable[[], None]
+    ) -> CapacitySource:
+        if config.source == "agent":
+            raise ProviderError(f"member {config.name}: the agent source is not available in this build")
+        if access is None:
+            raise ProviderError(f"member {config.name}: no kubeconfig")
+        return DirectSource(config.name, access, on_change=on_change, network_pod_label=config.network_pod_label)
+
+    def _changed(self) -> None:
+        self._dirty.set()
+
+    def add_member(self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False) -> None:
+        """Start (or restart with new settings) one member."""
+        self.remove_member(config.name, quiet=True)
+        source = self._source_factory(config, access, self._changed)
+        member = Member(config=config, source=source, from_object=from_object)
+        self.members[config.name] = member
+        if config.enabled:
+            member.task = asyncio.get_running_loop().create_task(source.run(), name=f"federation/member/{config.name}")
+        self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
+        self._node_set_changed()
+        self._changed()
+
+    def remove_member(self, name: str, *, quiet: bool = False) -> None:
+        member = self.members.pop(name, None)
+        if member is None:
+            return
+        if member.task is not None:
+            member.task.cancel()
+        if not quiet:
+            self._log.info("member removed", cluster=name)
+            self._node_set_changed()
+        self._changed()
+
+    def _node_set_changed(self) -> None:
+        for callback in self._node_set_callbacks:
+            callback()
+
+    def capacity_of(self, name: str) -> MemberCapacity | None:
+        """The member's latest summary (the Python API placement uses)."""
+        member = self.members.get(name)
+        return member.summary if member else None
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        if self.config.virtual_nodes == "pooled":
+            return [self.node_name]
+        return [f"{self.node_name}-{name}" for name, m in sorted(self.members.items()) if m.config.enabled]
+
+    def notify_node_set(self, callback: Callable[[], None]) -> None:
+        self._node_set_callbacks.append(callback)
+
+    def _members_of(self, node: str) -> list[Member]:
+        if self.config.virtual_nodes == "pooled":
+            return [m for m in self.members.values() if m.config.enabled]
+        return [m for name, m in self.members.items() if f"{self.node_name}-{name}" == node and m.config.enabled]
+
+    def _compute_node(self, node: str) -> NodeStatus:
+        members = self._members_of(node)
+        total: dict[str, int] = {}
+        models: set[str] = set()
+        shapes: dict[str, Any] = {}
+        unreachable = []
+        for member in members:
+            summary = member.summary
+            if not member.reachable:
+                unreachable.append(member.name)
+            if summary is None or not member.reachable:
+                continue
+            total = quantities.add(total, summary.capacity)
+            models |= {m for m, n in summary.gpus_total_by_model.items() if n}
+            shapes[member.name] = {
+                "largest": {k: _fmt(v) for k, v in summary.largest.items()},
+                "gpusByModel": summary.gpus_by_model,
+                "networkPods": {k: _fmt(v, brief=True) for k, v in sorted(summary.network_pods.items())},
+                "numaLargestZone": _fmt(summary.numa_largest, brief=True),
+            }
+        for name in capacity.TRACKED:
+            total.setdefault(name, 0)
+        node_labels = {f"{GPU_LABEL_PREFIX}{model}": "true" for model in sorted(models)}
+        if self.config.virtual_nodes == "per-member" and members:
+            node_labels[MEMBER_LABEL] = members[0].name
+            if len(models) == 1:
+                node_labels["nvidia.com/gpu.product"] = next(iter(models))
+        message = (
+            "all members reachable" if not unreachable else f"unreachable, capacity withdrawn: {', '.join(unreachable)}"
+        )
+        return NodeStatus(
+            capacity={k: quantities.format_quantity(k, max(0, v)) for k, v in sorted(total.items())},
+            labels=node_labels,
+            annotations={"vkprovider.io/capacity-shapes": json.dumps(shapes, sort_keys=True, separators=(",", ":"))},
+            conditions=[
+                {
+                    "type": "MembersReachable",
+                    "status": "False" if unreachable else "True",
+                    "reason": "MemberUnreachable" if unreachable else "AllReachable",
+                    "message": message,
+                }
+            ],
+        )
+
+    async def node_status(self, node_name: str) -> NodeStatus:
+        return self._published.get(node_name) or self._compute_node(node_name)
+
+    def notify_node_status(self, callback: Callable[[str], None]) -> None:
+        self._node_callbacks.append(callback)
+
+    def _publish(self) -> None:
+        """Recompute summaries and node status; notify nodes whose published status changed."""
+        now = time.monotonic()
+        for member in self.members.values():
+            if not member.config.enabled:
+                member.summary = None
+                continue
+            member.reachable = member.source.unreachable_for() <= self.config.unreachable_grace
+            if member.source.synced.is_set():
+                member.summary = member.source.summarize(member.config.capacity.policy())
+                member.summary.reachable = member.reachable
+        for node in self.node_names():
+            computed = self._compute_node(node)
+            damper = self._dampers.setdefault(node, Damper(hold=self.config.damping_hold))
+            vector = quantities.vector(computed.capacity)
+            published, changed = damper.update(vector, now)
+            computed.capacity = {k: quantities.format_quantity(k, v) for k, v in sorted(published.items())}
+            previous = self._published.get(node)
+            self._published[node] = computed
+            if changed or previous is None or _meta_differs(previous, computed):
+                for callback in self._node_callbacks:
+                    callback(node)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._dirty.wait(), timeout=1.0)
+            except TimeoutError:
+                pass  # also re-check reachability and held increases once a second
+            self._dirty.clear()
+            self._publish()
+            await self._write_member_statuses()
+            await asyncio.sleep(self.config.publish_interval)
+
+    # -- MemberCluster objects -------------------------------------------------------------------
+
+    async def _access_from_secret(self, obj: dict[str, Any]) -> ClusterAccess:
+        assert self._client is not None
+        ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
+        secret = await self._client.get(f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}")
+        raw = (secret.get("data") or {}).get(ref.get("key") or "kubeconfig")
+        if not raw:
+            raise ProviderError(f"secret {ref.get('namespace')}/{ref.get('name')} has no key {ref.get('key')}")
+        doc = yaml.safe_load(base64.b64decode(raw))
+        return parse_kubeconfig(doc, base=Path("/"))
+
+    async def _apply_object(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        existing = self.members.get(name)
+        if existing is not None and not existing.from_object:
+            self._log.warning("MemberCluster ignored: a member of that name is in the settings", cluster=name)
+            return
+        try:
+            config = member_from_object(obj)
+            access = await self._access_from_secret(obj) if config.source == "direct" else None
+        except (ApiError, ProviderError, ValueError) as exc:
+            self._log.warning("MemberCluster cannot be used", cluster=name, error=str(exc))
+            await self._patch_member_status(
+                name, {"conditions": [_condition("Ready", False, "InvalidSpec", str(exc)[:500], _now())]}
+            )
+            return
+        if existing is not None and existing.config == config:
+            return
+        self.add_member(config, access, from_object=True)
+
+    async def _watch_member_objects(self) -> None:
+        assert self._client is not None
+        while True:
+            try:
+                listed = await self._client.list(MEMBERS_PATH)
+                seen = set()
+                for obj in listed["items"]:
+                    seen.add(obj["metadata"]["name"])
+                    await self._apply_object(obj)
+                for name in [n for n, m in self.members.items() if m.from_object and n not in seen]:
+                    self.remove_member(name)
+                rv = listed["metadata"]["resourceVersion"]
+                while True:
+                    async for event in self._client.watch(MEMBERS_PATH, resource_version=rv):
+                        obj = event["object"]
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        if event["type"] == "DELETED":
+                            member = self.members.get(obj["metadata"]["name"])
+                            if member is not None and member.from_object:
+                                self.remove_member(member.name)
+                        else:
+                            await self._apply_object(obj)
+            except NotFound:
+                self._log.warning("the MemberCluster CRD is not installed; only configured members are used")
+                await asyncio.sleep(30)
+            except ApiError as exc:
+                self._log.warning("MemberCluster watch failed", error=str(exc))
+                await asyncio.sleep(2)
+
+    async def _patch_member_status(self, name: str, status: dict[str, Any]) -> None:
+        assert self._client is not None
+        try:
+            await self._client.patch(f"{MEMBERS_PATH}/{name}/status", {"status": status}, patch_type="merge")
+        except ApiError as exc:
+            self._log.debug("MemberCluster status not written", cluster=name, error=str(exc))
+
+    async def _write_member_statuses(self) -> None:
+        for member in list(self.members.values()):
+            if not member.from_object:
+                continue
+            source = member.source
+            reachable = member.reachable and member.config.enabled
+            reason = "Reachable" if reachable else ("Disabled" if not member.config.enabled else "Unreachable")
+            message = "member answers" if reachable else (source.last_error or "no answer from the member")
+            status: dict[str, Any] = {
+                "conditions": [
+                    _condition("Reachable", reachable, reason, message, ""),
+                    _condition("Ready", reachable and source.synced.is_set(), reason, message, ""),
+                ],
+                "capacity": member.summary.to_json() if member.summary and reachable else {},
+            }
+            comparable = json.dumps(status, sort_keys=True)
+            if (
+                member.status_written.get("json") == comparable
+                and time.monotonic() - member.status_written.get("at", 0) < 30
+            ):
+                continue
+            now = _now()
+            for cond in status["conditions"]:
+                cond["lastTransitionTime"] = now
+            if source.last_contact_wall:
+                status["lastContact"] = _rfc3339(source.last_contact_wall)
+            await self._patch_member_status(member.name, status)
+            member.status_written = {"json": comparable, "at": time.monotonic()}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def run(self, client: KubeClient) -> None:
+        """Start the configured members, follow MemberCluster objects, publish capacity."""
+        self._client = client
+        for member in self.config.members:
+            access = load_kubeconfig(member.kubeconfig) if member.kubeconfig else None
+            self.add_member(member, access)
+        tasks = [asyncio.create_task(self._publish_loop(), name="federation/publish")]
+        if self.config.member_objects:
+            tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for name in list(self.members):
+                self.remove_member(name, quiet=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def view(self) -> dict[str, Any]:
+        """The resource view: per member and per virtual node, capacity, use, shapes and health."""
+        members = {}
+        for name, member in sorted(self.members.items()):
+            entry: dict[str, Any] = {
+                "enabled": member.config.enabled,
+                "reachable": member.reachable,
+                "source": member.config.source,
+                "unreachableFor": None
+                if member.source.unreachable_for() == float("inf")
+                else round(member.source.unreachable_for(), 1),
+                "lastError": member.source.last_error,
+            }
+            if member.summary is not None:
+                entry.update(member.summary.to_json())
+            members[name] = entry
+        nodes = {}
+        for node in self.node_names():
+            status = self._published.get(node)
+            if status is not None:
+                nodes[node] = {
+                    "capacity": status.capacity,
+                    "labels": status.labels,
+                    "conditions": status.conditions,
+                    "members": [m.name for m in self._members_of(node)],
+                }
+        return {"members": members, "virtualNodes": nodes}
+
+    # -- pods: dispatch to members arrives with its own release ----------------------------------
+
+    async def create_pod(self, pod: Pod) -> None:
+        raise ProviderError("dispatch to member clusters is not available in this release")
+
+    async def update_pod(self, pod: Pod) -> None:
+        return None
+
+    async def delete_pod(self, pod: Pod) -> None:
+        raise ProviderNotFound("no pod was dispatched")
+
+    async def get_pod(self, namespace: str, name: str) -> Pod | None:
+        return None
+
+    async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
+        return None
+
+    async def list_pods(self) -> list[Pod]:
+        return []
+
+    def notify_pods(self, callback: PodChanged) -> None:
+        return None
+
+
+def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:
+    keep = (quantities.CPU, quantities.MEMORY, quantities.GPU) if brief else capacity.TRACKED
+    return {k: quantities.format_quantity(k, v) for k, v in sorted(vec.items()) if k in keep}
+
+
+def _meta_differs(a: NodeStatus, b: NodeStatus) -> bool:
+    return a.labels != b.labels or a.annotations != b.annotations or a.conditions != b.conditions
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now() -> str:
+    return _rfc3339(time.time())

@@ -1,0 +1,161 @@
+"""Direct mode: one member's nodes, bound live pods and NodeResourceTopology objects, listed and
+watched into a compact Inventory.
+
+Only what capacity needs is kept (`federation.inventory`); pods are watched with a field
+selector that leaves out unbound and finished ones. Watch expiry (410) relists, failures
+reconnect with backoff, and `last_contact` tells how long ago the member last answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from federation.inventory import Inventory
+from vkprovider import logs
+from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, NotFound
+
+NODES = "/api/v1/nodes"
+PODS = "/api/v1/pods"
+TOPOLOGIES = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+LIVE_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+class MemberWatcher:
+    def __init__(
+        self,
+        name: str,
+        access: ClusterAccess,
+        *,
+        on_change: Callable[[], None],
+        network_pod_label: str,
+        health_interval: float = 2.0,
+    ) -> None:
+        self.name = name
+        self.access = access
+        self.inventory = Inventory(network_pod_label=network_pod_label)
+        self._on_change = on_change
+        self._health_interval = health_interval
+        self.synced = asyncio.Event()
+        self._listed: set[str] = set()
+        self.last_contact: float | None = None  # monotonic time of the last answer
+        self.last_contact_wall: float | None = None
+        self.last_error: str | None = None
+        self.client: KubeClient | None = None
+        self._log = logs.get("member-watch", cluster=name)
+
+    def _contact(self) -> None:
+        self.last_contact = time.monotonic()
+        self.last_contact_wall = time.time()
+        self.last_error = None
+
+    def unreachable_for(self) -> float:
+        """Seconds since the member last answered (infinite before the first answer)."""
+        if self.last_contact is None:
+            return float("inf")
+        return time.monotonic() - self.last_contact
+
+    async def _loop(
+        self,
+        kind: str,
+        path: str,
+        *,
+        params: dict[str, str] | None,
+        replace: Callable[[list[dict[str, Any]]], None],
+        upsert: Callable[[dict[str, Any]], None],
+        delete: Callable[[dict[str, Any]], None],
+    ) -> None:
+        assert self.client is not None
+        failures = 0
+        while True:
+            try:
+                listed = await self.client.list(path, params=params)
+                self._contact()
+                replace(listed["items"])
+                self._listed.add(kind)
+                if self._listed >= {"nodes", "pods", "topologies"}:
+                    self.synced.set()
+                self._on_change()
+                rv = listed["metadata"]["resourceVersion"]
+                failures = 0
+                while True:
+                    async for event in self.client.watch(path, resource_version=rv, params=params):
+                        self._contact()
+                        obj = event["object"]
+                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        if event["type"] == "DELETED":
+                            delete(obj)
+                        else:
+                            upsert(obj)
+                        self._on_change()
+            except Gone:
+                continue
+            except NotFound:
+                # The resource type does not exist here (no NodeResourceTopology CRD): nothing
+                # to watch, but the member is fine.
+                self._listed.add(kind)
+                if self._listed >= {"nodes", "pods", "topologies"}:
+                    self.synced.set()
+                await asyncio.sleep(60)
+            except ApiError as exc:
+                failures += 1
+                self.last_error = f"{kind}: {exc.reason}: {exc.message[:200]}"
+                self._on_change()
+                await asyncio.sleep(min(5.0, 0.25 * 2**failures))
+
+    async def _health(self) -> None:
+        assert self.client is not None
+        while True:
+            try:
+                await self.client.get("/readyz", params={"verbose": "false"})
+                self._contact()
+            except ApiError as exc:
+                self.last_error = f"health: {exc.reason}"
+            self._on_change()
+            await asyncio.sleep(self._health_interval)
+
+    async def run(self) -> None:
+        inv = self.inventory
+
+        def delete_node(obj: dict[str, Any]) -> None:
+            inv.delete_node((obj.get("metadata") or {}).get("name", ""))
+
+        def delete_topology(obj: dict[str, Any]) -> None:
+            inv.delete_topology((obj.get("metadata") or {}).get("name", ""))
+
+        loops: dict[str, Coroutine[Any, Any, None]] = {
+            "nodes": self._loop(
+                "nodes", NODES, params=None, replace=inv.replace_nodes, upsert=inv.upsert_node, delete=delete_node
+            ),
+            "pods": self._loop(
+                "pods",
+                PODS,
+                params={"fieldSelector": LIVE_PODS},
+                replace=inv.replace_pods,
+                upsert=inv.upsert_pod,
+                delete=inv.delete_pod,
+            ),
+            "topologies": self._loop(
+                "topologies",
+                TOPOLOGIES,
+                params=None,
+                replace=inv.replace_topologies,
+                upsert=inv.upsert_topology,
+                delete=delete_topology,
+            ),
+            "health": self._health(),
+        }
+        async with KubeClient(self.access, user_agent=f"vkprovider-member/{self.name}", request_timeout=10) as client:
+            self.client = client
+            tasks = [asyncio.create_task(coro, name=f"member/{self.name}/{kind}") for kind, coro in loops.items()]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self.client = None
