@@ -31,6 +31,7 @@ from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_
 from vkprovider.kube.access import parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
 from vkprovider.provider import NodeStatus, PodChanged, ProviderError, ProviderNotFound
+from vkprovider.settings import SettingsError
 
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
 GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
@@ -477,3 +478,15 @@ def _rfc3339(ts: float) -> str:
 
 def _now() -> str:
     return _rfc3339(time.time())
+
+
+def from_settings(settings: Any) -> FederationProvider:
+    """The runtime's factory for `provider.type: federation` (see vkprovider.runtime.PROVIDERS)."""
+    try:
+        config = FederationConfig.model_validate(settings.provider.federation)
+    except ValueError as exc:
+        raise SettingsError(f"invalid provider.federation settings: {exc}") from exc
+    for member in config.members:
+        if member.kubeconfig is None and member.source == "direct":
+            raise SettingsError(f"member {member.name}: kubeconfig is required with source: direct")
+    return FederationProvider(config, node_name=settings.node.name)

@@ -89,6 +89,7 @@ def node_status(
     current: dict[str, Any] | None,
     port: int,
     now: str,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """The status part of the node object (pure)."""
     capacity = dict(provided.capacity or settings.capacity)
@@ -99,7 +100,7 @@ def node_status(
         "conditions": conditions((current or {}).get("conditions", []), provided.conditions, now=now),
         "addresses": [
             {"type": "InternalIP", "address": settings.internal_ip()},
-            {"type": "Hostname", "address": settings.name},
+            {"type": "Hostname", "address": name or settings.name},
         ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {
@@ -122,14 +123,17 @@ def node_status(
     return status
 
 
-def build_node(settings: NodeSettings, provided: NodeStatus, *, port: int, now: str) -> dict[str, Any]:
-    status = node_status(settings, provided, current=None, port=port, now=now)
+def build_node(
+    settings: NodeSettings, provided: NodeStatus, *, port: int, now: str, name: str | None = None
+) -> dict[str, Any]:
+    name = name or settings.name
+    status = node_status(settings, provided, current=None, port=port, now=now, name=name)
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": settings.name,
-            "labels": node_labels(settings, settings.name, provided.labels),
+            "name": name,
+            "labels": node_labels(settings, name, provided.labels),
             "annotations": dict(provided.annotations),
         },
         "spec": {"taints": node_taints(settings)},
@@ -161,17 +165,24 @@ class NodeController:
         provider: object,
         port: int,
         metrics: Metrics,
+        name: str | None = None,
     ) -> None:
         self._client = client
         self._settings = settings
+        self.name = name or settings.name
         self._provider: NodeProvider = provider if isinstance(provider, NodeProvider) else _FixedNode(settings)
         self._port = port
         self._metrics = metrics
         self._dirty = asyncio.Event()
-        self._path = f"/api/v1/nodes/{settings.name}"
+        self._path = f"/api/v1/nodes/{self.name}"
         self.uid: str | None = None
-        self._log = logs.get("node", node=settings.name)
-        self._provider.notify_node_status(lambda name: self._dirty.set())
+        self._meta: tuple[dict[str, str], dict[str, str]] | None = None  # labels, annotations last applied
+        self._log = logs.get("node", node=self.name)
+        self._provider.notify_node_status(self._on_provider_change)
+
+    def _on_provider_change(self, node: str) -> None:
+        if node == self.name:
+            self._dirty.set()
 
     def changed(self) -> None:
         """Ask for a status patch soon (coalesced with other requests)."""
@@ -179,35 +190,53 @@ class NodeController:
 
     async def register(self) -> str:
         """Create the node, or bring an existing one up to date; returns its UID."""
-        provided = await self._provider.node_status(self._settings.name)
+        provided = await self._provider.node_status(self.name)
         try:
             current = await self._client.get(self._path)
         except NotFound:
-            node = build_node(self._settings, provided, port=self._port, now=now_rfc3339())
+            node = build_node(self._settings, provided, port=self._port, now=now_rfc3339(), name=self.name)
             created = await self._client.create("/api/v1/nodes", node)
             self.uid = created["metadata"]["uid"]
+            self._meta = (node["metadata"]["labels"], node["metadata"]["annotations"])
             self._log.info("node registered", uid=self.uid)
             return self.uid
         taints = [t for t in current.get("spec", {}).get("taints", []) if t.get("key") != self._settings.taint_key]
-        meta_patch = {
-            "metadata": {
-                "labels": node_labels(self._settings, self._settings.name, provided.labels),
-                "annotations": provided.annotations or None,
-            },
-            "spec": {"taints": taints + node_taints(self._settings)},
-        }
-        updated = await self._client.patch(self._path, meta_patch, patch_type="merge")
+        updated = await self._client.patch(
+            self._path, {"spec": {"taints": taints + node_taints(self._settings)}}, patch_type="merge"
+        )
         self.uid = updated["metadata"]["uid"]
         await self._patch_status(updated)
         self._log.info("node updated on start", uid=self.uid)
         return self.uid
 
+    async def _patch_metadata(self, current: dict[str, Any], provided: NodeStatus) -> None:
+        """Labels and annotations the provider reports, written when they change; keys it no
+        longer reports are removed (only keys under our own prefixes, never other writers')."""
+        labels = node_labels(self._settings, self.name, provided.labels)
+        annotations = dict(provided.annotations)
+        if self._meta == (labels, annotations):
+            return
+        meta = current.get("metadata", {})
+        patch_labels: dict[str, str | None] = dict(labels)
+        for key in meta.get("labels", {}):
+            if key not in labels and ".vkprovider.io/" in "." + key:
+                patch_labels[key] = None
+        patch_annotations: dict[str, str | None] = dict(annotations)
+        for key in meta.get("annotations", {}):
+            if key not in annotations and key.startswith("vkprovider.io/"):
+                patch_annotations[key] = None
+        await self._client.patch(
+            self._path, {"metadata": {"labels": patch_labels, "annotations": patch_annotations}}, patch_type="merge"
+        )
+        self._meta = (labels, annotations)
+
     async def _patch_status(self, current: dict[str, Any] | None = None) -> None:
         if current is None:
             current = await self._client.get(self._path)
-        provided = await self._provider.node_status(self._settings.name)
+        provided = await self._provider.node_status(self.name)
+        await self._patch_metadata(current, provided)
         status = node_status(
-            self._settings, provided, current=current.get("status"), port=self._port, now=now_rfc3339()
+            self._settings, provided, current=current.get("status"), port=self._port, now=now_rfc3339(), name=self.name
         )
         await self._client.patch(f"{self._path}/status", {"status": status}, patch_type="strategic")
         self._metrics.node_patches.inc()

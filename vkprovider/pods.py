@@ -67,7 +67,32 @@ class PodController:
         self._listed: set[str] = set()
         self.ready = asyncio.Event()
         self.queue: WorkQueue | None = None
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._failure: asyncio.Future[None] | None = None
         self._log = logs.get("pods", node=",".join(node_names))
+
+    def node_of(self, namespace: str, name: str) -> str | None:
+        """The node a pod of ours is bound to (for authorizing kubelet API calls about it)."""
+        pod = self.cache.get(f"{namespace}/{name}")
+        return pod["spec"].get("nodeName") if pod else None
+
+    def _watch_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._failure and not self._failure.done():
+            self._failure.set_exception(task.exception())  # type: ignore[arg-type]
+
+    def set_nodes(self, names: list[str]) -> None:
+        """Follow pods of exactly these nodes from now on (nodes come and go with members)."""
+        for name in [n for n in self._watches if n not in names]:
+            self._watches.pop(name).cancel()
+            self._listed.discard(name)
+            for key in [k for k, p in self.cache.items() if p["spec"].get("nodeName") == name]:
+                del self.cache[key]
+        for name in names:
+            if name not in self._watches:
+                task = asyncio.get_running_loop().create_task(self._watch_node(name), name=f"pods/watch/{name}")
+                task.add_done_callback(self._watch_done)
+                self._watches[name] = task
+        self._nodes = list(names)
 
     # -- the API side ----------------------------------------------------------------------------
 
@@ -301,17 +326,24 @@ class PodController:
     async def run(self) -> None:
         """Watch, sync and clean up until cancelled."""
         self.queue = WorkQueue(backoff=ExponentialBackoff(base=0.05, cap=self._settings.retry_cap))
-        tasks = [asyncio.create_task(self._watch_node(n), name=f"pods/watch/{n}") for n in self._nodes]
-        tasks += [asyncio.create_task(self._worker(), name=f"pods/worker/{i}") for i in range(self._settings.workers)]
+        failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._failure = failure
+        self.set_nodes(self._nodes)
+        if not self._nodes:
+            self.ready.set()
+        tasks = [asyncio.create_task(self._worker(), name=f"pods/worker/{i}") for i in range(self._settings.workers)]
         if isinstance(self._provider, PodNotifier):
             self._provider.notify_pods(self._on_provider_change)
         else:
             tasks.append(asyncio.create_task(self._poll_statuses(), name="pods/poll"))
         tasks.append(asyncio.create_task(self._cleanup_orphans(), name="pods/cleanup"))
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*tasks, failure)
         finally:
             self.queue.shut_down()
-            for task in tasks:
+            watches = list(self._watches.values())
+            self._watches.clear()
+            failure.cancel()
+            for task in tasks + watches:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *watches, return_exceptions=True)

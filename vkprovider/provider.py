@@ -112,3 +112,30 @@ class StatsProvider(Protocol):
 
     async def stats_summary(self, node_name: str) -> dict[str, Any]:
         """A `stats/v1alpha1` Summary."""
+
+
+@runtime_checkable
+class Runnable(Protocol):
+    """Optional: a provider with background work (watching backends, publishing capacity)."""
+
+    async def run(self, client: Any) -> None:
+        """Run until cancelled; `client` is the front-end cluster's KubeClient."""
+
+
+@runtime_checkable
+class MultiNode(Protocol):
+    """Optional: a provider that serves several virtual nodes, whose set may change."""
+
+    def node_names(self) -> list[str]:
+        """The virtual nodes to serve now."""
+
+    def notify_node_set(self, callback: Callable[[], None]) -> None:
+        """Register `callback`, called when the set of nodes changed."""
+
+
+@runtime_checkable
+class Viewable(Protocol):
+    """Optional: a JSON view of the provider's state (served at /capacity on the plain port)."""
+
+    def view(self) -> dict[str, Any]:
+        """The current view."""

@@ -10,6 +10,7 @@ lease is released on a clean stop, the first error is re-raised.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,21 @@ from vkprovider.memory import MemoryProvider, MemorySettings
 from vkprovider.metrics import Metrics
 from vkprovider.node import NodeController
 from vkprovider.pods import PodController
-from vkprovider.provider import PodLifecycle
+from vkprovider.provider import MultiNode, PodLifecycle, Runnable, Viewable
 from vkprovider.settings import Settings, SettingsError
 from vkprovider.supervisor import Supervisor
 
+#: Providers other than the in-memory one: settings.provider.type -> "module:factory(settings)".
+PROVIDERS = {"federation": "federation.provider:from_settings"}
+
 
 def build_provider(settings: Settings) -> PodLifecycle:
+    if settings.provider.type in PROVIDERS:
+        # Providers live in packages above the runtime (layers import downwards only), so they
+        # are found by name, the way plugins are.
+        module_name, _, factory = PROVIDERS[settings.provider.type].partition(":")
+        provider: PodLifecycle = getattr(importlib.import_module(module_name), factory)(settings)
+        return provider
     if settings.provider.type == "memory":
         m = settings.provider.memory
         return MemoryProvider(
@@ -77,7 +87,7 @@ class Runtime:
         self._ready = False
         self._log = logs.get("runtime", node=settings.node.name)
         self.pods: PodController | None = None
-        self.lease: LeaseController | None = None
+        self._nodes: NodeSet | None = None
         self.elector: LeaderElector | None = None
 
     def request_stop(self) -> None:
@@ -116,7 +126,10 @@ class Runtime:
             if settings.http.health_port:
                 runner = web.AppRunner(
                     health_app(
-                        metrics=self.metrics, alive=lambda: supervisor.first_error is None, ready=lambda: self._ready
+                        metrics=self.metrics,
+                        alive=lambda: supervisor.first_error is None,
+                        ready=lambda: self._ready,
+                        view=self.provider.view if isinstance(self.provider, Viewable) else None,
                     ),
                     access_log=None,
                 )
@@ -135,13 +148,19 @@ class Runtime:
 
             if isinstance(self.provider, MemoryProvider):
                 self.provider.resume()
+            if isinstance(self.provider, Runnable):
+                supervisor.start("provider", self.provider.run(client))
+            node_names = self._node_names()
             events = EventRecorder(
-                client, component="vkprovider", host=node_name, dedupe_seconds=settings.pods.event_dedupe_seconds
+                client,
+                component="vkprovider",
+                host=node_names[0] if node_names else node_name,
+                dedupe_seconds=settings.pods.event_dedupe_seconds,
             )
             self.pods = PodController(
                 client=client,
                 provider=self.provider,
-                node_names=[node_name],
+                node_names=node_names,
                 host_ip=settings.node.internal_ip(),
                 settings=settings.pods,
                 events=events,
@@ -151,26 +170,14 @@ class Runtime:
             if not await self._until(self.pods.ready.wait(), supervisor):
                 clean = True
                 return
-
-            node = NodeController(
-                client=client,
-                settings=settings.node,
-                provider=self.provider,
-                port=settings.http.port,
-                metrics=self.metrics,
+            self._nodes = NodeSet(
+                client=client, settings=settings, provider=self.provider, metrics=self.metrics, supervisor=supervisor
             )
-            node_uid = await node.register()
-            supervisor.start("node-status", node.run())
-            self.lease = LeaseController(
-                client=client,
-                node=node_name,
-                node_uid=node_uid,
-                duration=settings.node.lease_duration,
-                interval=settings.node.lease_renew_interval,
-                metrics=self.metrics,
-            )
-            await self.lease.renew()
-            supervisor.start("lease", self.lease.run())
+            await self._nodes.sync(node_names)
+            if isinstance(self.provider, MultiNode):
+                node_set_changed = asyncio.Event()
+                self.provider.notify_node_set(node_set_changed.set)
+                supervisor.start("node-set", self._follow_node_set(node_set_changed))
 
             runners.append(await self._serve_kubelet_api(client))
             self._ready = True
@@ -192,6 +199,21 @@ class Runtime:
                 close()
             self._log.info("stopped")
 
+    def _node_names(self) -> list[str]:
+        if isinstance(self.provider, MultiNode):
+            return self.provider.node_names()
+        return [self.settings.node.name]
+
+    async def _follow_node_set(self, changed: asyncio.Event) -> None:
+        """Nodes come and go with members (per-member virtual nodes)."""
+        assert self.pods is not None and self._nodes is not None
+        while True:
+            await changed.wait()
+            changed.clear()
+            names = self._node_names()
+            self.pods.set_nodes(names)
+            await self._nodes.sync(names)
+
     async def _serve_kubelet_api(self, client: KubeClient) -> web.AppRunner:
         settings = self.settings
         node_name = settings.node.name
@@ -204,6 +226,7 @@ class Runtime:
             self._log.warning("no client CA: only bearer tokens can authenticate to the kubelet API")
         api = KubeletApi(
             node=node_name,
+            node_of=self.pods.node_of if self.pods else None,
             provider=self.provider,
             pods=lambda: list(self.pods.cache.values()) if self.pods else [],
             authenticator=Authenticator(client, ttl=settings.http.authn_cache_seconds),
@@ -220,3 +243,55 @@ class Runtime:
         await web.TCPSite(runner, settings.http.bind, settings.http.port, ssl_context=ssl_context).start()
         self._log.info("kubelet API serving", port=settings.http.port, certificate=cert.source)
         return runner
+
+
+class NodeSet:
+    """The virtual nodes this process serves: for each, registration, status and lease."""
+
+    def __init__(
+        self, *, client: KubeClient, settings: Settings, provider: object, metrics: Metrics, supervisor: Supervisor
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._provider = provider
+        self._metrics = metrics
+        self._supervisor = supervisor
+        self.controllers: dict[str, NodeController] = {}
+        self.leases: dict[str, LeaseController] = {}
+        self._log = logs.get("nodes")
+
+    async def sync(self, names: list[str]) -> None:
+        for name in [n for n in self.controllers if n not in names]:
+            await self._supervisor.stop(self._settings.shutdown.grace, names=[f"node-status/{name}", f"lease/{name}"])
+            del self.controllers[name]
+            del self.leases[name]
+            try:
+                await self._client.delete(f"/api/v1/nodes/{name}")
+            except ApiError as exc:
+                self._log.warning("virtual node not deleted", node=name, error=str(exc))
+            self._log.info("virtual node removed", node=name)
+        for name in names:
+            if name in self.controllers:
+                continue
+            node = NodeController(
+                client=self._client,
+                settings=self._settings.node,
+                provider=self._provider,
+                port=self._settings.http.port,
+                metrics=self._metrics,
+                name=name,
+            )
+            node_uid = await node.register()
+            self._supervisor.start(f"node-status/{name}", node.run())
+            lease = LeaseController(
+                client=self._client,
+                node=name,
+                node_uid=node_uid,
+                duration=self._settings.node.lease_duration,
+                interval=self._settings.node.lease_renew_interval,
+                metrics=self._metrics,
+            )
+            await lease.renew()
+            self._supervisor.start(f"lease/{name}", lease.run())
+            self.controllers[name] = node
+            self.leases[name] = lease

@@ -102,6 +102,13 @@ class VkProcess:
             text = await resp.text()
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
+    async def view(self) -> dict[str, Any]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{self.health_port}/capacity") as resp,
+        ):
+            return dict(await resp.json())
+
     def stop(self, timeout: float = 20.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)

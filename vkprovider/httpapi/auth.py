@@ -81,14 +81,15 @@ class Authorizer:
     def __init__(self, client: KubeClient, *, node: str, allow_ttl: float, deny_ttl: float) -> None:
         self._client = client
         self._node = node
-        self._allowed: TTLCache[tuple[User, str, str], bool] = TTLCache(maxsize=4096, ttl=allow_ttl)
-        self._denied: TTLCache[tuple[User, str, str], str] = TTLCache(maxsize=4096, ttl=deny_ttl)
+        self._allowed: TTLCache[tuple[User, str, str, str], bool] = TTLCache(maxsize=4096, ttl=allow_ttl)
+        self._denied: TTLCache[tuple[User, str, str, str], str] = TTLCache(maxsize=4096, ttl=deny_ttl)
 
-    async def check(self, user: User, *, method: str, path: str) -> tuple[bool, str]:
-        """(allowed, reason) for `user` calling `method path` on this node."""
+    async def check(self, user: User, *, method: str, path: str, node: str | None = None) -> tuple[bool, str]:
+        """(allowed, reason) for `user` calling `method path` on `node` (default: this one)."""
+        node = node or self._node
         verb = VERBS.get(method, "get")
         subresource = subresource_for(path)
-        key = (user, verb, subresource)
+        key = (user, verb, subresource, node)
         if key in self._allowed:
             return True, ""
         if key in self._denied:
@@ -105,7 +106,7 @@ class Authorizer:
                     "verb": verb,
                     "resource": "nodes",
                     "subresource": subresource,
-                    "name": self._node,
+                    "name": node,
                 },
             },
         }
@@ -117,7 +118,7 @@ class Authorizer:
         if status.get("allowed"):
             self._allowed[key] = True
             return True, ""
-        reason = f'User "{user.name}" cannot {verb} resource "nodes/{subresource}" on node "{self._node}"' + (
+        reason = f'User "{user.name}" cannot {verb} resource "nodes/{subresource}" on node "{node}"' + (
             f": {status['reason']}" if status.get("reason") else ""
         )
         self._denied[key] = reason

@@ -123,8 +123,10 @@ class KubeletApi:
         pods: Callable[[], list[Pod]],
         authenticator: Authenticator,
         authorizer: Authorizer,
+        node_of: Callable[[str, str], str | None] | None = None,
     ) -> None:
         self._node = node
+        self._node_of = node_of
         self._provider = provider
         self._pods = pods
         self._authn = authenticator
@@ -157,7 +159,15 @@ class KubeletApi:
                     self._log.warning("token review failed", error=repr(exc))
         if user is None:
             return web.Response(status=401, text="Unauthorized\n")
-        allowed, reason = await self._authz.check(user, method=request.method, path=request.path)
+        node = self._node
+        parts = request.path.split("/")
+        if (
+            self._node_of is not None
+            and len(parts) >= 4
+            and parts[1] in ("containerLogs", "exec", "attach", "portForward")
+        ):
+            node = self._node_of(parts[2], parts[3]) or node
+        allowed, reason = await self._authz.check(user, method=request.method, path=request.path, node=node)
         if not allowed:
             return web.Response(status=403, text=f"Forbidden ({reason})\n")
         return await handler(request)
@@ -223,7 +233,13 @@ def tls_context(*, cert_file: str, key_file: str, client_ca: bytes | None) -> ss
     return ctx
 
 
-def health_app(*, metrics: Metrics, alive: Callable[[], bool], ready: Callable[[], bool]) -> web.Application:
+def health_app(
+    *,
+    metrics: Metrics,
+    alive: Callable[[], bool],
+    ready: Callable[[], bool],
+    view: Callable[[], dict[str, Any]] | None = None,
+) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok") if alive() else web.Response(status=500, text="unhealthy\n")
 
@@ -233,7 +249,13 @@ def health_app(*, metrics: Metrics, alive: Callable[[], bool], ready: Callable[[
     async def prometheus(request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), content_type="text/plain")
 
+    async def capacity(request: web.Request) -> web.Response:
+        if view is None:
+            return web.Response(status=404, text="this provider has no resource view\n")
+        return web.Response(text=json.dumps(view(), indent=1), content_type="application/json")
+
     app = web.Application()
+    app.router.add_get("/capacity", capacity)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)

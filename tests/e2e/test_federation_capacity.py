@@ -1,0 +1,286 @@
+"""Member capacity end to end: the pooled virtual node shows exactly what the members can lend
+(computed here independently from the members' own objects), follows online load within
+seconds, exposes GPU models and shapes, survives a member outage, and follows MemberCluster
+objects added and removed at run time."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from e2e import lab as lab_mod
+from e2e import online
+from e2e.fixtures import Lab
+from tests.e2e.helpers import eventually
+from tests.e2e.vk import VkProcess
+from vkprovider.kube import AlreadyExists, KubeClient, NotFound, TooManyRequests
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+
+RESERVE = 0.10
+CRD = Path(__file__).parents[2] / "federation" / "crds" / "memberclusters.yaml"
+
+
+def _cpu_m(q: str) -> int:
+    return int(float(q[:-1])) if q.endswith("m") else int(float(q) * 1000)
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def _bytes(q: str) -> int:
+    for suffix, factor in _UNITS.items():
+        if q.endswith(suffix):
+            return int(float(q[: -len(suffix)]) * factor)
+    return int(q)
+
+
+async def expected_lendable(client: KubeClient) -> dict[str, int]:
+    """Our own reading of the member: per Ready, schedulable, untainted node, allocatable minus
+    the requests of its live pods minus a 10 % reserve of CPU and memory."""
+    nodes = (await client.list("/api/v1/nodes"))["items"]
+    pods = (await client.list("/api/v1/pods"))["items"]
+    used: dict[str, dict[str, int]] = {}
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if not node or p["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        u = used.setdefault(node, {"cpu": 0, "memory": 0, "gpu": 0, "pods": 0})
+        u["pods"] += 1
+        for c in p["spec"]["containers"]:
+            req = (c.get("resources") or {}).get("requests") or {}
+            u["cpu"] += _cpu_m(req.get("cpu", "0"))
+            u["memory"] += _bytes(req.get("memory", "0"))
+            u["gpu"] += int(req.get("nvidia.com/gpu", "0"))
+    total = {"cpu": 0, "memory": 0, "gpu": 0, "pods": 0}
+    for n in nodes:
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+        if not ready or n["spec"].get("unschedulable") or n["spec"].get("taints"):
+            continue
+        alloc = n["status"]["allocatable"]
+        u = used.get(n["metadata"]["name"], {"cpu": 0, "memory": 0, "gpu": 0, "pods": 0})
+        cpu, mem = _cpu_m(alloc["cpu"]), _bytes(alloc["memory"])
+        total["cpu"] += max(0, cpu - u["cpu"] - int(cpu * RESERVE))
+        total["memory"] += max(0, mem - u["memory"] - int(mem * RESERVE))
+        total["gpu"] += max(0, int(alloc.get("nvidia.com/gpu", "0")) - u["gpu"])
+        total["pods"] += max(0, int(alloc["pods"]) - u["pods"])
+    return total
+
+
+def node_vector(node: dict[str, Any]) -> dict[str, int]:
+    alloc = node["status"]["allocatable"]
+    return {
+        "cpu": _cpu_m(alloc["cpu"]),
+        "memory": _bytes(alloc["memory"]),
+        "gpu": int(alloc.get("nvidia.com/gpu", "0")),
+        "pods": int(alloc["pods"]),
+    }
+
+
+def federation_vk(lab: Lab, workdir: Path, members: list[str], **overrides: Any) -> VkProcess:
+    node = f"vk-fed-{uuid.uuid4().hex[:6]}"
+    settings = {
+        "provider.type": "federation",
+        "node.provider_id": "federation",
+        "provider.federation": {
+            "members": [{"name": m, "kubeconfig": str(lab.kubeconfig(m))} for m in members],
+            "unreachable_grace": 8.0,
+            "publish_interval": 0.2,
+        },
+    }
+    settings.update(overrides)
+    return VkProcess(lab=lab, node=node, workdir=workdir, overrides=settings)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
+    async with lab.client("offline") as client:
+        yield client
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Any:
+    procs: list[VkProcess] = []
+    yield procs
+    for proc in procs:
+        proc.ensure_stopped()
+
+
+async def _node(client: KubeClient, name: str) -> dict[str, Any] | None:
+    try:
+        return await client.get(f"/api/v1/nodes/{name}")
+    except NotFound:
+        return None
+
+
+async def _sum_expected(lab: Lab, members: list[str]) -> dict[str, int]:
+    total = {"cpu": 0, "memory": 0, "gpu": 0, "pods": 0}
+    for member in members:
+        async with lab.client(member) as client:
+            for k, v in (await expected_lendable(client)).items():
+                total[k] += v
+    return total
+
+
+async def test_pooled_node_matches_members_and_follows_load(
+    lab: Lab, offline: KubeClient, tmp_path: Path, started: list[VkProcess]
+) -> None:
+    members = lab.members
+    proc = federation_vk(lab, tmp_path, members)
+    started.append(proc)
+    proc.start()
+    await proc.wait_ready()
+    member_1 = lab.kubeconfig("member-1")
+    try:
+        await online.set_load(member_1, cpu_share=0.2, wait=True, name="tide")
+
+        async def matches() -> dict[str, int] | None:
+            node = await _node(offline, proc.node)
+            expected = await _sum_expected(lab, members)
+            if node and node_vector(node) == expected:
+                return expected
+            return None
+
+        before = await eventually(matches, timeout=30, what="virtual node equal to the members' lendable capacity")
+        assert before["gpu"] == 20 * 8 + 20 * 4
+
+        # 20 % -> 70 % of member-1's CPU: the node must follow within 3 s of the load running.
+        await online.set_load(member_1, cpu_share=0.7, wait=True, name="tide")
+        raised = time.monotonic()
+        after = await eventually(matches, timeout=30, interval=0.1, what="virtual node after the load rise")
+        took = time.monotonic() - raised
+        assert after["cpu"] < before["cpu"]
+        assert took < 3.0, f"virtual node followed online load after {took:.2f}s"
+        node = await _node(offline, proc.node)
+        assert node is not None
+        conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert conditions["Ready"] == "True" and conditions["MembersReachable"] == "True"
+    finally:
+        await online.set_load(member_1, cpu_share=0, wait=True, name="tide")
+
+
+async def test_gpu_models_and_shapes(lab: Lab, offline: KubeClient, tmp_path: Path, started: list[VkProcess]) -> None:
+    proc = federation_vk(lab, tmp_path, lab.members)
+    started.append(proc)
+    proc.start()
+    await proc.wait_ready()
+
+    async def shapes() -> dict[str, Any] | None:
+        node = await _node(offline, proc.node)
+        raw = (node or {}).get("metadata", {}).get("annotations", {}).get("vkprovider.io/capacity-shapes")
+        parsed = json.loads(raw) if raw else {}
+        # Settled: the load of earlier tests has gone from member-1 (95 cores less 10 %).
+        settled = parsed.get("member-1", {}).get("largest", {}).get("cpu", {}).get("cpu") == "85500m"
+        return parsed if len(parsed) == 3 and settled else None
+
+    found = await eventually(shapes, timeout=30, what="capacity shapes for 3 members")
+    assert found["member-2"]["gpusByModel"] == {"Tesla-V100-SXM2-32GB": 160}
+    assert found["member-3"]["gpusByModel"] == {"Tesla-T4": 80}
+    assert found["member-1"]["gpusByModel"] == {}
+    assert found["member-2"]["largest"]["gpu"]["nvidia.com/gpu"] == "8"
+    assert found["member-3"]["largest"]["gpu"]["nvidia.com/gpu"] == "4"
+    assert found["member-2"]["networkPods"]["member-2-np0"]["nvidia.com/gpu"] == "40"  # 5 nodes x 8
+    assert found["member-2"]["numaLargestZone"]["nvidia.com/gpu"] == "4"
+    node = await _node(offline, proc.node)
+    assert node is not None
+    labels = node["metadata"]["labels"]
+    assert labels["gpu.vkprovider.io/Tesla-V100-SXM2-32GB"] == "true" and labels["gpu.vkprovider.io/Tesla-T4"] == "true"
+    view = await proc.view()
+    assert view["members"]["member-2"]["gpusByModel"] == {"Tesla-V100-SXM2-32GB": 160}
+
+
+async def test_member_outage_withdraws_and_restores_capacity(
+    lab: Lab, offline: KubeClient, tmp_path: Path, started: list[VkProcess]
+) -> None:
+    proc = federation_vk(lab, tmp_path, lab.members)
+    started.append(proc)
+    proc.start()
+    await proc.wait_ready()
+
+    async def gpus(want: int) -> dict[str, Any] | None:
+        node = await _node(offline, proc.node)
+        return node if node and node_vector(node)["gpu"] == want else None
+
+    await eventually(lambda: gpus(240), timeout=30, what="all GPUs")
+    await asyncio.to_thread(lab_mod.stop_cluster, lab.state_dir, "member-3")
+    try:
+        stopped = time.monotonic()
+        node = await eventually(lambda: gpus(160), timeout=30, what="member-3's T4s withdrawn")
+        assert time.monotonic() - stopped < 8.0 + 5.0  # the grace (8 s) plus a publish
+        conditions = {c["type"]: c for c in node["status"]["conditions"]}
+        assert conditions["Ready"]["status"] == "True"
+        assert conditions["MembersReachable"]["status"] == "False"
+        assert "member-3" in conditions["MembersReachable"]["message"]
+    finally:
+        await lab_mod.start_cluster(lab.state_dir, "member-3")
+    node = await eventually(lambda: gpus(240), timeout=40, what="member-3's capacity restored")
+    conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert conditions["MembersReachable"] == "True"
+
+
+async def test_member_cluster_objects_added_and_removed_at_run_time(
+    lab: Lab, offline: KubeClient, tmp_path: Path, started: list[VkProcess]
+) -> None:
+    try:
+        await offline.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(CRD.read_text()))
+    except AlreadyExists:  # installed by an earlier test run
+        pass
+    for _ in range(100):
+        try:
+            await offline.list("/apis/vkprovider.io/v1alpha1/memberclusters")
+            break
+        except (NotFound, TooManyRequests):  # the new resource is still being set up
+            await asyncio.sleep(0.1)
+    proc = federation_vk(lab, tmp_path, ["member-1"])
+    started.append(proc)
+    proc.start()
+    await proc.wait_ready()
+
+    async def gpus(want: int) -> bool:
+        node = await _node(offline, proc.node)
+        return bool(node and node_vector(node)["gpu"] == want)
+
+    await eventually(lambda: gpus(0), timeout=30, what="only member-1 (no GPUs)")
+    secret = {
+        "metadata": {"name": f"member-2-{proc.node}", "namespace": "default"},
+        "data": {"kubeconfig": base64.b64encode(lab.kubeconfig("member-2").read_bytes()).decode()},
+    }
+    await offline.create("/api/v1/namespaces/default/secrets", secret)
+    member = {
+        "apiVersion": "vkprovider.io/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": "member-2"},
+        "spec": {"kubeconfigSecretRef": {"namespace": "default", "name": secret["metadata"]["name"]}, "weight": 2},
+    }
+    path = "/apis/vkprovider.io/v1alpha1/memberclusters"
+    await offline.create(path, member)
+    try:
+        await eventually(lambda: gpus(160), timeout=30, what="member-2 added at run time")
+
+        async def reported() -> dict[str, Any] | None:
+            obj = await offline.get(f"{path}/member-2")
+            conditions = {c["type"]: c["status"] for c in obj.get("status", {}).get("conditions", [])}
+            return obj if conditions.get("Reachable") == "True" and obj["status"].get("capacity") else None
+
+        obj = await eventually(reported, timeout=30, what="MemberCluster status")
+        assert obj["status"]["capacity"]["gpusByModel"] == {"Tesla-V100-SXM2-32GB": 160}
+        assert obj["status"]["lastContact"]
+
+        await offline.patch(f"{path}/member-2", {"spec": {"enabled": False}})
+        await eventually(lambda: gpus(0), timeout=30, what="member-2 disabled")
+        await offline.patch(f"{path}/member-2", {"spec": {"enabled": True}})
+        await eventually(lambda: gpus(160), timeout=30, what="member-2 enabled again")
+    finally:
+        await offline.delete(f"{path}/member-2")
+    await eventually(lambda: gpus(0), timeout=30, what="member-2 removed at run time")
+    assert proc.proc is not None and proc.proc.poll() is None  # no restart needed
