@@ -1,6 +1,7 @@
 """`vkprovider`: the product's command line.
 
   vkprovider run --config FILE [--set section.key=value ...] [--node-name N] [--kubeconfig F] [--port P]
+  vkprovider status [--url http://HOST:10255]
 
 Bad settings end with one line on stderr and exit status 2; a runtime failure with status 1.
 """
@@ -13,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from vkprovider import logs
+from vkprovider import logs, status
 from vkprovider.kube.access import KubeconfigError
 from vkprovider.runtime import Runtime, build_provider
 from vkprovider.settings import SettingsError, load
@@ -28,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--node-name", help="name of the virtual node (node.name)")
     run.add_argument("--kubeconfig", type=Path, help="kubeconfig of the front-end cluster (kube.kubeconfig)")
     run.add_argument("--port", type=int, help="port of the kubelet API (http.port)")
+    status = sub.add_parser("status", help="print capacity, use and health of members and virtual nodes")
+    status.add_argument("--url", default="http://127.0.0.1:10255", help="the provider's plain HTTP port")
     return parser
 
 
@@ -40,6 +43,8 @@ async def _run(runtime: Runtime) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "status":
+        return status.main(args.url)
     try:
         settings = load(
             config=args.config,

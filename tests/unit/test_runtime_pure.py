@@ -271,3 +271,29 @@ def test_node_conditions_keep_transition_and_remove_vanished_resources() -> None
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["lastTransitionTime"] == "first" and ready["lastHeartbeatTime"] == "now"
     assert status["capacity"] == {"cpu": "12", "nvidia.com/gpu": None}
+
+
+def test_status_tables_render_the_view() -> None:
+    from vkprovider.status import render
+
+    view = {
+        "members": {
+            "m1": {
+                "source": "direct",
+                "reachable": False,
+                "enabled": True,
+                "nodes": {"eligible": 2, "total": 3},
+                "lendable": {"cpu": "10", "memory": str(4 * 2**30)},
+                "gpusByModel": {"T4": 4},
+            }
+        },
+        "virtualNodes": {
+            "vk": {
+                "members": ["m1"],
+                "capacity": {"cpu": "10", "memory": str(2**30)},
+                "conditions": [{"type": "MembersReachable", "status": "False", "message": "m1"}],
+            }
+        },
+    }
+    text = render(view)
+    assert "m1" in text and "NO" in text and "4Gi" in text and "T4=4" in text and "False (m1)" in text

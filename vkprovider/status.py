@@ -1,0 +1,85 @@
+"""`vkprovider status`: the provider's resource view (GET /capacity on the plain port) as tables."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def fetch(url: str, timeout: float = 5.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url.rstrip("/") + "/capacity", timeout=timeout) as resp:
+        return dict(json.load(resp))
+
+
+def _gib(value: str) -> str:
+    try:
+        return f"{int(value) / 2**30:.0f}Gi"
+    except ValueError:
+        return value
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows)
+
+
+def render(view: dict[str, Any]) -> str:
+    members = [
+        [
+            "MEMBER",
+            "SOURCE",
+            "REACHABLE",
+            "NODES",
+            "LEND CPU",
+            "LEND MEMORY",
+            "LEND GPU",
+            "USED CPU",
+            "USED GPU",
+            "GPU MODELS (FREE)",
+        ]
+    ]
+    for name, m in view.get("members", {}).items():
+        lend, used = m.get("lendable", {}), m.get("used", {})
+        nodes = m.get("nodes", {})
+        members.append(
+            [
+                name,
+                m.get("source", "-"),
+                ("yes" if m.get("reachable") else "NO") + ("" if m.get("enabled", True) else " (disabled)"),
+                f"{nodes.get('eligible', 0)}/{nodes.get('total', 0)}" if nodes else "-",
+                lend.get("cpu", "0"),
+                _gib(lend.get("memory", "0")),
+                lend.get("nvidia.com/gpu", "0"),
+                used.get("cpu", "0"),
+                used.get("nvidia.com/gpu", "0"),
+                ", ".join(f"{k}={v}" for k, v in m.get("gpusByModel", {}).items()) or "-",
+            ]
+        )
+    nodes = [["VIRTUAL NODE", "MEMBERS", "CPU", "MEMORY", "GPU", "PODS", "MEMBERS REACHABLE"]]
+    for name, n in view.get("virtualNodes", {}).items():
+        cap = n.get("capacity", {})
+        reach: dict[str, Any] = next((c for c in n.get("conditions", []) if c.get("type") == "MembersReachable"), {})
+        nodes.append(
+            [
+                name,
+                ",".join(n.get("members", [])),
+                cap.get("cpu", "0"),
+                _gib(cap.get("memory", "0")),
+                cap.get("nvidia.com/gpu", "0"),
+                cap.get("pods", "0"),
+                reach.get("status", "-") + (f" ({reach.get('message')})" if reach.get("status") == "False" else ""),
+            ]
+        )
+    return _table(members) + "\n\n" + _table(nodes)
+
+
+def main(url: str) -> int:
+    try:
+        view = fetch(url)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"error: cannot read the resource view at {url}/capacity: {exc}")
+        return 1
+    print(render(view))
+    return 0
