@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB ?= .lab
 
-.PHONY: all venv binaries lint test test-unit test-e2e demo down bench clean
+.PHONY: all venv binaries lint test test-unit test-e2e demo down bench clean proto
 
 all: venv
 
@@ -48,3 +48,7 @@ bench: $(STAMP) binaries
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info
+
+# Regenerates the capacity agent's gRPC code from federation/agent/capacity.proto (committed).
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. federation/agent/capacity.proto

@@ -122,24 +122,33 @@ class Inventory:
     ours_used: dict[str, dict[str, int]] = field(default_factory=dict)
     _shapes: dict[Requests, Requests] = field(default_factory=dict)
     version: int = 0
+    #: Per node, the inventory version of its last change (record, usage or NUMA): lets
+    #: consumers (the agent's streams) find what changed without comparing whole records.
+    node_versions: dict[str, int] = field(default_factory=dict)
+
+    def _touch(self, node: str) -> None:
+        self.version += 1
+        self.node_versions[node] = self.version
 
     # -- nodes -----------------------------------------------------------------------------------
 
     def upsert_node(self, obj: dict[str, Any]) -> None:
         record = node_record(obj, network_pod_label=self.network_pod_label)
         self.nodes[record.name] = record
-        self.version += 1
+        self._touch(record.name)
 
     def delete_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self.node_versions.pop(name, None)
         self.version += 1
 
     def replace_nodes(self, objs: list[dict[str, Any]]) -> None:
         self.nodes = {}
+        self.node_versions = {}
         for obj in objs:
             record = node_record(obj, network_pod_label=self.network_pod_label)
             self.nodes[record.name] = record
-        self.version += 1
+            self._touch(record.name)
 
     # -- NUMA ------------------------------------------------------------------------------------
 
@@ -153,8 +162,9 @@ class Inventory:
                 for r in zone.get("resources") or []
             }
             zones.append(NumaZone(zone.get("name", ""), available))
-        self.numa[(obj.get("metadata") or {}).get("name", "")] = tuple(zones)
-        self.version += 1
+        name = (obj.get("metadata") or {}).get("name", "")
+        self.numa[name] = tuple(zones)
+        self._touch(name)
 
     def replace_topologies(self, objs: list[dict[str, Any]]) -> None:
         self.numa = {}
@@ -163,7 +173,7 @@ class Inventory:
 
     def delete_topology(self, name: str) -> None:
         self.numa.pop(name, None)
-        self.version += 1
+        self._touch(name)
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -176,6 +186,7 @@ class Inventory:
         used = usage.setdefault(record.node, {})
         for name, value in record.requests:
             used[name] = used.get(name, 0) + sign * value
+        self._touch(record.node)
 
     def upsert_pod(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -193,7 +204,6 @@ class Inventory:
             record = PodRecord(sys.intern(node), self._compact(pod_requests(spec)), ours)
             self.pods[key] = record
             self._account(record, +1)
-        self.version += 1
 
     def delete_pod(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -201,12 +211,12 @@ class Inventory:
         old = self.pods.pop(key, None)
         if old is not None:
             self._account(old, -1)
-        self.version += 1
 
     def replace_pods(self, objs: list[dict[str, Any]]) -> None:
+        for node in set(self.online_used) | set(self.ours_used):
+            self._touch(node)
         self.pods = {}
         self.online_used = {}
         self.ours_used = {}
         for obj in objs:
             self.upsert_pod(obj)
-        self.version += 1

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import yaml
 
 from federation import capacity, quantities
+from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig
 from federation.watch import MemberWatcher
@@ -154,7 +155,7 @@ class FederationProvider:
         self, config: MemberConfig, access: ClusterAccess | None, on_change: Callable[[], None]
     ) -> CapacitySource:
         if config.source == "agent":
-            raise ProviderError(f"member {config.name}: the agent source is not available in this build")
+            return AgentSource(config, on_change=on_change)
         if access is None:
             raise ProviderError(f"member {config.name}: no kubeconfig")
         return DirectSource(config.name, access, on_change=on_change, network_pod_label=config.network_pod_label)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +24,7 @@ from e2e import lab as lab_mod
 from e2e import online
 from e2e.fixtures import Lab
 from tests.e2e.helpers import eventually
-from tests.e2e.vk import VkProcess
+from tests.e2e.vk import VkProcess, free_port
 from vkprovider.kube import AlreadyExists, KubeClient, NotFound, TooManyRequests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -284,3 +286,84 @@ async def test_member_cluster_objects_added_and_removed_at_run_time(
         await offline.delete(f"{path}/member-2")
     await eventually(lambda: gpus(0), timeout=30, what="member-2 removed at run time")
     assert proc.proc is not None and proc.proc.poll() is None  # no restart needed
+
+
+def _summary_of(view_member: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "lendable",
+        "used",
+        "capacity",
+        "nodes",
+        "largest",
+        "gpusByModel",
+        "gpusTotalByModel",
+        "networkPods",
+        "numa",
+    )
+    return {k: view_member.get(k) for k in keys}
+
+
+async def test_agent_mode_equals_direct_mode(lab: Lab, tmp_path: Path, started: list[VkProcess]) -> None:
+    agents: list[subprocess.Popen[bytes]] = []
+    addresses = {}
+    try:
+        for member in lab.members:
+            port = free_port()
+            addresses[member] = f"127.0.0.1:{port}"
+            agents.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "federation.cli",
+                        "agent",
+                        "--kubeconfig",
+                        str(lab.kubeconfig(member)),
+                        "--listen",
+                        addresses[member],
+                        "--member",
+                        member,
+                        "--heartbeat",
+                        "1",
+                        "--log-format",
+                        "json",
+                    ],
+                    stdout=open(tmp_path / f"agent-{member}.log", "wb"),  # noqa: SIM115 - the child's log
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        direct = federation_vk(lab, tmp_path, lab.members)
+        via_agent = federation_vk(lab, tmp_path, lab.members)
+        via_agent.overrides["provider.federation"] = {
+            "members": [{"name": m, "source": "agent", "agent_address": addresses[m]} for m in lab.members],
+            "publish_interval": 0.2,
+        }
+        started.extend([direct, via_agent])
+        direct.start()
+        via_agent.start()
+        await asyncio.gather(direct.wait_ready(), via_agent.wait_ready())
+        member_1 = lab.kubeconfig("member-1")
+        try:
+            for share in (0.0, 0.3):
+                await online.set_load(member_1, cpu_share=share, wait=True, name="agent-cmp")
+
+                async def same() -> dict[str, Any] | None:
+                    a, b = await direct.view(), await via_agent.view()
+                    left = {m: _summary_of(v) for m, v in a["members"].items()}
+                    right = {m: _summary_of(v) for m, v in b["members"].items()}
+                    nodes_equal = (
+                        a["virtualNodes"][direct.node]["capacity"] == b["virtualNodes"][via_agent.node]["capacity"]
+                    )
+                    return left if left == right and len(left) == 3 and nodes_equal else None
+
+                summary = await eventually(same, timeout=30, what=f"agent and direct summaries equal at {share:.0%}")
+                assert summary["member-2"]["gpusByModel"] == {"Tesla-V100-SXM2-32GB": 160}
+            view = await via_agent.view()
+            assert all(m["source"] == "agent" and m["reachable"] for m in view["members"].values())
+        finally:
+            await online.set_load(member_1, cpu_share=0, wait=True, name="agent-cmp")
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(10)
