@@ -147,6 +147,8 @@ class FederationProvider:
         self._published: dict[str, NodeStatus] = {}
         self._source_factory = source_factory or self._default_source
         self._client: KubeClient | None = None
+        #: Set once the configured members are added and MemberCluster objects listed.
+        self.started = asyncio.Event()
         self._log = logs.get("federation", node=node_name)
 
     # -- members ---------------------------------------------------------------------------------
@@ -336,6 +338,7 @@ class FederationProvider:
                     await self._apply_object(obj)
                 for name in [n for n, m in self.members.items() if m.from_object and n not in seen]:
                     self.remove_member(name)
+                self.started.set()
                 rv = listed["metadata"]["resourceVersion"]
                 while True:
                     async for event in self._client.watch(MEMBERS_PATH, resource_version=rv):
@@ -351,9 +354,12 @@ class FederationProvider:
                             await self._apply_object(obj)
             except NotFound:
                 self._log.warning("the MemberCluster CRD is not installed; only configured members are used")
+                self.started.set()
                 await asyncio.sleep(30)
             except ApiError as exc:
                 self._log.warning("MemberCluster watch failed", error=str(exc))
+                # Start with the configured members rather than wait for the front end forever.
+                self.started.set()
                 await asyncio.sleep(2)
 
     async def _patch_member_status(self, name: str, status: dict[str, Any]) -> None:
@@ -403,6 +409,8 @@ class FederationProvider:
         tasks = [asyncio.create_task(self._publish_loop(), name="federation/publish")]
         if self.config.member_objects:
             tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
+        else:
+            self.started.set()
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -119,7 +119,9 @@ class Runnable(Protocol):
     """Optional: a provider with background work (watching backends, publishing capacity)."""
 
     async def run(self, client: Any) -> None:
-        """Run until cancelled; `client` is the front-end cluster's KubeClient."""
+        """Run until cancelled; `client` is the front-end cluster's KubeClient. A provider may
+        also have a `started` asyncio.Event: the runtime then waits for it before asking for
+        node names and pods (say, until its backends are known)."""
 
 
 @runtime_checkable

@@ -148,8 +148,15 @@ class Runtime:
 
             if isinstance(self.provider, MemoryProvider):
                 self.provider.resume()
+            node_set_changed = asyncio.Event()
+            if isinstance(self.provider, MultiNode):
+                self.provider.notify_node_set(node_set_changed.set)
             if isinstance(self.provider, Runnable):
                 supervisor.start("provider", self.provider.run(client))
+                started = getattr(self.provider, "started", None)
+                if isinstance(started, asyncio.Event) and not await self._until(started.wait(), supervisor):
+                    clean = True
+                    return
             node_names = self._node_names()
             events = EventRecorder(
                 client,
@@ -175,8 +182,6 @@ class Runtime:
             )
             await self._nodes.sync(node_names)
             if isinstance(self.provider, MultiNode):
-                node_set_changed = asyncio.Event()
-                self.provider.notify_node_set(node_set_changed.set)
                 supervisor.start("node-set", self._follow_node_set(node_set_changed))
 
             runners.append(await self._serve_kubelet_api(client))

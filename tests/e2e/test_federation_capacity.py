@@ -367,3 +367,33 @@ async def test_agent_mode_equals_direct_mode(lab: Lab, tmp_path: Path, started: 
             agent.terminate()
         for agent in agents:
             agent.wait(10)
+
+
+async def test_one_virtual_node_per_member(
+    lab: Lab, offline: KubeClient, tmp_path: Path, started: list[VkProcess]
+) -> None:
+    proc = federation_vk(lab, tmp_path, lab.members)
+    proc.overrides["provider.federation"]["virtual_nodes"] = "per-member"
+    started.append(proc)
+    proc.start()
+    await proc.wait_ready()
+    names = {m: f"{proc.node}-{m}" for m in lab.members}
+
+    async def all_nodes() -> dict[str, dict[str, Any]] | None:
+        found = {m: await _node(offline, n) for m, n in names.items()}
+        if any(n is None or node_vector(n)["pods"] == 0 for n in found.values()):
+            return None
+        return {m: n for m, n in found.items() if n is not None}
+
+    nodes = await eventually(all_nodes, timeout=30, what="one virtual node per member")
+    for member, node in nodes.items():
+        async with lab.client(member) as client:
+            expected = await expected_lendable(client)
+        assert node_vector(node)["gpu"] == expected["gpu"]
+        assert node["metadata"]["labels"]["vkprovider.io/member"] == member
+    assert nodes["member-2"]["metadata"]["labels"]["nvidia.com/gpu.product"] == "Tesla-V100-SXM2-32GB"
+    assert nodes["member-3"]["metadata"]["labels"]["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert "nvidia.com/gpu.product" not in nodes["member-1"]["metadata"]["labels"]
+    for name in names.values():
+        lease = await offline.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}")
+        assert lease["spec"]["holderIdentity"] == name
