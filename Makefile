@@ -45,6 +45,7 @@ down: $(STAMP)
 bench: $(STAMP) binaries
 	$(BIN)/python -m bench.lab_up
 	$(BIN)/python -m bench.runtime_pods
+	$(BIN)/python -m bench.capacity_scale
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info

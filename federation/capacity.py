@@ -15,7 +15,6 @@ virtual node's allocatable is what is lendable plus what our pods already use.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -206,13 +205,28 @@ def summarize(
                 summary.numa_largest[rname] = max(summary.numa_largest.get(rname, 0), value)
     summary.lendable = {k: min(v, cap[k]) if k in cap else v for k, v in lendable.items()}
     summary.largest = _largest(summary.nodes, cap)
+    return _normalize(summary)
+
+
+def _nonzero(vec: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in vec.items() if v}
+
+
+def _normalize(summary: MemberCapacity) -> MemberCapacity:
+    """One form for equal summaries however they were computed: no zero entries."""
+    summary.lendable = _nonzero(summary.lendable)
+    summary.gpus_by_model = _nonzero(summary.gpus_by_model)
+    summary.gpus_total_by_model = _nonzero(summary.gpus_total_by_model)
+    summary.network_pods = {k: _nonzero(v) for k, v in sorted(summary.network_pods.items()) if any(v.values())}
+    summary.numa_largest = _nonzero(summary.numa_largest)
     return summary
 
 
-def _largest(nodes: Iterable[NodeFree], cap: dict[str, int]) -> dict[str, dict[str, int]]:
+def _largest(nodes: list[NodeFree], cap: dict[str, int]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for key, resource in (("cpu", quantities.CPU), ("memory", quantities.MEMORY), ("gpu", quantities.GPU)):
-        best = max(nodes, key=lambda n, r=resource: n.free.get(r, 0), default=None)  # type: ignore[misc]
+        # Ties go to the highest name, so the answer does not depend on iteration order.
+        best = max(nodes, key=lambda n, r=resource: (n.free.get(r, 0), n.name), default=None)  # type: ignore[misc]
         if best is not None and best.free.get(resource, 0) > 0:
             out[key] = {k: v for k, v in best.free.items() if k in TRACKED}
     return out
@@ -249,3 +263,112 @@ class Damper:
             self._pending_since = None
             return self.published, True
         return self.published, False
+
+
+@dataclass
+class _NodeShare:
+    version: int
+    eligible: bool
+    free: NodeFree
+    total_gpus: tuple[str, int] | None
+    numa_zones: int
+    numa: tuple[tuple[str, int], ...]
+
+
+class Summarizer:
+    """`summarize`, incrementally: only nodes whose inventory version moved are recomputed and
+    their share of the sums swapped, so a publish after a few events costs little even for
+    thousands of nodes. A change of policy or of the active time window recomputes everything.
+    Results equal `summarize` (a property test checks it)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._key: tuple[Any, ...] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._shares: dict[str, _NodeShare] = {}
+        self._lendable: dict[str, int] = {}
+        self._gpus: dict[str, int] = {}
+        self._gpus_total: dict[str, int] = {}
+        self._network: dict[str, dict[str, int]] = {}
+
+    def _apply(self, share: _NodeShare, sign: int) -> None:
+        free = share.free
+        self._lendable = quantities.add(self._lendable, free.free, sign)
+        if free.gpu_product and free.free.get(quantities.GPU):
+            self._gpus[free.gpu_product] = self._gpus.get(free.gpu_product, 0) + sign * free.free[quantities.GPU]
+        if share.total_gpus:
+            model, count = share.total_gpus
+            self._gpus_total[model] = self._gpus_total.get(model, 0) + sign * count
+        if free.network_pod:
+            self._network[free.network_pod] = quantities.add(self._network.get(free.network_pod, {}), free.free, sign)
+
+    def _share(
+        self,
+        inventory: Inventory,
+        node: NodeRecord,
+        version: int,
+        policy: CapacityPolicy,
+        factor: float,
+        cap: dict[str, int],
+    ) -> _NodeShare:
+        total = None
+        if node.gpu_product and quantities.GPU in node.allocatable:
+            total = (node.gpu_product, node.allocatable[quantities.GPU])
+        if not eligible(node, policy):
+            return _NodeShare(version, False, NodeFree(node.name, {}, None, None, None), total, 0, ())
+        vec = node_free(
+            node,
+            online_used=inventory.online_used.get(node.name, {}),
+            ours_used=inventory.ours_used.get(node.name, {}),
+            policy=policy,
+        )
+        if factor != 1.0:
+            vec = {k: int(v * factor) for k, v in vec.items()}
+        vec = {k: min(v, cap[k]) if k in cap else v for k, v in vec.items()}
+        zones = inventory.numa.get(node.name, ())
+        numa = tuple((r, v) for z in zones for r, v in z.available.items())
+        free = NodeFree(node.name, vec, node.gpu_product, node.network_pod, node.zone)
+        return _NodeShare(version, True, free, total, len(zones), numa)
+
+    def summarize(
+        self, inventory: Inventory, policy: CapacityPolicy, *, now: datetime.time | None = None
+    ) -> MemberCapacity:
+        now = now or datetime.datetime.now().time()
+        factor, cap = _window_factor(policy, now)
+        key = (id(inventory), policy, factor, tuple(sorted(cap.items())))
+        if key != self._key:
+            self._reset()
+            self._key = key
+        versions = inventory.node_versions
+        for name in [n for n in self._shares if n not in inventory.nodes]:
+            self._apply(self._shares.pop(name), -1)
+        for name, node in inventory.nodes.items():
+            version = versions.get(name, -1)
+            old = self._shares.get(name)
+            if old is not None and old.version == version:
+                continue
+            if old is not None:
+                self._apply(old, -1)
+            share = self._share(inventory, node, version, policy, factor, cap)
+            self._shares[name] = share
+            self._apply(share, +1)
+        summary = MemberCapacity(name=self.name, nodes_total=len(inventory.nodes))
+        ours_total: dict[str, int] = {}
+        for used in inventory.ours_used.values():
+            ours_total = quantities.add(ours_total, ours_canonical(used))
+        summary.ours_used = {k: v for k, v in ours_total.items() if v}
+        summary.nodes = [s.free for s in self._shares.values() if s.eligible]
+        summary.nodes_eligible = len(summary.nodes)
+        summary.lendable = {k: min(v, cap[k]) if k in cap else v for k, v in self._lendable.items()}
+        summary.gpus_by_model = {k: v for k, v in self._gpus.items() if v}
+        summary.gpus_total_by_model = {k: v for k, v in self._gpus_total.items() if v}
+        summary.network_pods = {k: dict(v) for k, v in self._network.items()}
+        for share in self._shares.values():
+            summary.numa_zones += share.numa_zones
+            if share.numa:
+                for rname, value in share.numa:
+                    summary.numa_largest[rname] = max(summary.numa_largest.get(rname, 0), value)
+        summary.largest = _largest(summary.nodes, cap)
+        return _normalize(summary)

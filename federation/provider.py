@@ -66,6 +66,7 @@ class DirectSource:
     def __init__(self, name: str, access: ClusterAccess, *, on_change: Callable[[], None], network_pod_label: str):
         self.name = name
         self.watcher = MemberWatcher(name, access, on_change=on_change, network_pod_label=network_pod_label)
+        self._summarizer = capacity.Summarizer(name)
 
     @property
     def synced(self) -> asyncio.Event:
@@ -83,7 +84,7 @@ class DirectSource:
         return self.watcher.unreachable_for()
 
     def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
-        return capacity.summarize(self.name, self.watcher.inventory, policy)
+        return self._summarizer.summarize(self.watcher.inventory, policy)
 
     async def run(self) -> None:
         await self.watcher.run()

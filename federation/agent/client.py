@@ -39,6 +39,7 @@ class AgentSource:
         self._last_contact_wall: float | None = None
         self._last_error: str | None = None
         self.updates = 0
+        self._summarizer = capacity.Summarizer(config.name)
         self._log = logs.get("agent-client", cluster=config.name, agent=config.agent_address)
 
     @property
@@ -57,7 +58,7 @@ class AgentSource:
         return float("inf") if self._last_contact is None else time.monotonic() - self._last_contact
 
     def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
-        return capacity.summarize(self.name, self.inventory, policy)
+        return self._summarizer.summarize(self.inventory, policy)
 
     def _apply(self, update: pb.Update) -> None:
         self._last_contact = time.monotonic()

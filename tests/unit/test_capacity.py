@@ -223,3 +223,61 @@ def test_damper_publishes_decreases_at_once_and_holds_small_increases() -> None:
     assert changed and published["cpu"] == 99_500
     published, changed = damper.update({"cpu": 150_000}, now=13)  # a big increase: at once
     assert changed
+
+
+def test_incremental_summaries_equal_full_ones_under_random_events() -> None:
+    """Property: whatever the event sequence, the incremental Summarizer gives what a full
+    `summarize` gives (the fake sizes stand in for a cluster; pure logic, no apiserver)."""
+    import random
+
+    from federation.capacity import Summarizer
+
+    rng = random.Random(7)
+    products = [None, "V100", "T4"]
+    inv = Inventory()
+    inv.replace_nodes(
+        [
+            node(
+                f"n{i}",
+                gpus=8 if products[i % 3] else 0,
+                labels={
+                    "vkprovider.io/network-pod": f"np{i // 4}",
+                    **({"nvidia.com/gpu.product": products[i % 3]} if products[i % 3] else {}),
+                },
+            )
+            for i in range(12)
+        ]
+    )
+    policy = CapacityPolicy(reserve_percent=5)
+    incremental = Summarizer("m")
+    for step in range(400):
+        roll = rng.random()
+        target = f"n{rng.randrange(14)}"  # sometimes a node that does not exist (yet)
+        if roll < 0.55:
+            requests = {"cpu": f"{rng.randrange(1, 4000)}m", "nvidia.com/gpu": str(rng.randrange(0, 3))}
+            phase = rng.choice(["Running", "Running", "Pending", "Succeeded"])
+            inv.upsert_pod(pod(f"p{rng.randrange(60)}", target, requests, ours=rng.random() < 0.3, phase=phase))
+        elif roll < 0.7:
+            inv.delete_pod(pod(f"p{rng.randrange(60)}", target, None))
+        elif roll < 0.8:
+            inv.upsert_node(node(target, ready=rng.random() < 0.8, gpus=rng.choice([0, 4, 8])))
+        elif roll < 0.85:
+            inv.delete_node(target)
+        else:
+            inv.upsert_topology(
+                {
+                    "metadata": {"name": target},
+                    "zones": [
+                        {
+                            "name": "node-0",
+                            "type": "Node",
+                            "resources": [{"name": "cpu", "available": str(rng.randrange(1, 40))}],
+                        }
+                    ],
+                }
+            )
+        if step % 7 == 0:
+            full = summarize("m", inv, policy, now=NOON)
+            fast = incremental.summarize(inv, policy, now=NOON)
+            assert fast.to_json() == full.to_json(), f"diverged at step {step}"
+            assert sorted(n.name for n in fast.nodes) == sorted(n.name for n in full.nodes)
