@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: $(STAMP) binaries lint
 	$(BIN)/pytest -q -p no:cacheprovider tests
