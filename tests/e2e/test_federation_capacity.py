@@ -162,6 +162,7 @@ async def test_pooled_node_matches_members_and_follows_load(
         after = await eventually(matches, timeout=30, interval=0.1, what="virtual node after the load rise")
         took = time.monotonic() - raised
         assert after["cpu"] < before["cpu"]
+        print(f"\nvirtual node followed the 20% -> 70% load rise in {took:.2f}s")
         assert took < 3.0, f"virtual node followed online load after {took:.2f}s"
         node = await _node(offline, proc.node)
         assert node is not None
