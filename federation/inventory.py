@@ -126,7 +126,8 @@ class Inventory:
     #: consumers (the agent's streams) find what changed without comparing whole records.
     node_versions: dict[str, int] = field(default_factory=dict)
 
-    def _touch(self, node: str) -> None:
+    def touch(self, node: str) -> None:
+        """Record that something about `node` changed (its record, usage or NUMA zones)."""
         self.version += 1
         self.node_versions[node] = self.version
 
@@ -135,7 +136,7 @@ class Inventory:
     def upsert_node(self, obj: dict[str, Any]) -> None:
         record = node_record(obj, network_pod_label=self.network_pod_label)
         self.nodes[record.name] = record
-        self._touch(record.name)
+        self.touch(record.name)
 
     def delete_node(self, name: str) -> None:
         self.nodes.pop(name, None)
@@ -148,7 +149,7 @@ class Inventory:
         for obj in objs:
             record = node_record(obj, network_pod_label=self.network_pod_label)
             self.nodes[record.name] = record
-            self._touch(record.name)
+            self.touch(record.name)
 
     # -- NUMA ------------------------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ class Inventory:
             zones.append(NumaZone(zone.get("name", ""), available))
         name = (obj.get("metadata") or {}).get("name", "")
         self.numa[name] = tuple(zones)
-        self._touch(name)
+        self.touch(name)
 
     def replace_topologies(self, objs: list[dict[str, Any]]) -> None:
         self.numa = {}
@@ -173,7 +174,7 @@ class Inventory:
 
     def delete_topology(self, name: str) -> None:
         self.numa.pop(name, None)
-        self._touch(name)
+        self.touch(name)
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class Inventory:
         used = usage.setdefault(record.node, {})
         for name, value in record.requests:
             used[name] = used.get(name, 0) + sign * value
-        self._touch(record.node)
+        self.touch(record.node)
 
     def upsert_pod(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -214,7 +215,7 @@ class Inventory:
 
     def replace_pods(self, objs: list[dict[str, Any]]) -> None:
         for node in set(self.online_used) | set(self.ours_used):
-            self._touch(node)
+            self.touch(node)
         self.pods = {}
         self.online_used = {}
         self.ours_used = {}

@@ -51,7 +51,7 @@ def apply_node(inventory: Inventory, message: pb.Node) -> None:
         inventory.numa[name] = tuple(NumaZone(z.name, _vector(list(z.available))) for z in message.numa)
     else:
         inventory.numa.pop(name, None)
-    inventory.version += 1
+    inventory.touch(name)
 
 
 def remove_node(inventory: Inventory, name: str) -> None:
@@ -59,6 +59,7 @@ def remove_node(inventory: Inventory, name: str) -> None:
     inventory.online_used.pop(name, None)
     inventory.ours_used.pop(name, None)
     inventory.numa.pop(name, None)
+    inventory.node_versions.pop(name, None)
     inventory.version += 1
 
 

@@ -348,16 +348,25 @@ async def test_agent_mode_equals_direct_mode(lab: Lab, tmp_path: Path, started: 
             for share in (0.0, 0.3):
                 await online.set_load(member_1, cpu_share=share, wait=True, name="agent-cmp")
 
-                async def same() -> dict[str, Any] | None:
+                differences: list[Any] = []
+
+                async def same(differences: list[Any] = differences) -> dict[str, Any] | None:
                     a, b = await direct.view(), await via_agent.view()
                     left = {m: _summary_of(v) for m, v in a["members"].items()}
                     right = {m: _summary_of(v) for m, v in b["members"].items()}
-                    nodes_equal = (
-                        a["virtualNodes"][direct.node]["capacity"] == b["virtualNodes"][via_agent.node]["capacity"]
-                    )
-                    return left if left == right and len(left) == 3 and nodes_equal else None
+                    caps = (a["virtualNodes"][direct.node]["capacity"], b["virtualNodes"][via_agent.node]["capacity"])
+                    differences[:] = [
+                        (m, k, left[m][k], right.get(m, {}).get(k))
+                        for m in left
+                        for k in left[m]
+                        if left[m][k] != right.get(m, {}).get(k)
+                    ] + ([caps] if caps[0] != caps[1] else [])
+                    return left if not differences and len(left) == 3 else None
 
-                summary = await eventually(same, timeout=30, what=f"agent and direct summaries equal at {share:.0%}")
+                try:
+                    summary = await eventually(same, timeout=30, what=f"agent and direct equal at {share:.0%}")
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; differences (direct, agent): {differences}") from None
                 assert summary["member-2"]["gpusByModel"] == {"Tesla-V100-SXM2-32GB": 160}
             view = await via_agent.view()
             assert all(m["source"] == "agent" and m["reachable"] for m in view["members"].values())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import binaries
+from e2e import binaries, ports
 from e2e.fixtures import Lab
 from tests.e2e.helpers import lab_processes
 
@@ -53,12 +53,12 @@ def test_up_then_down_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_up_on_a_busy_port_fails_cleanly(tmp_path: Path) -> None:
+    base = ports.find_base(2)  # a block that is free now, so only our socket makes it busy
+    port = base + ports.ETCD_PORTS  # the offline cluster's apiserver port
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
+        busy.bind(("127.0.0.1", port))
         busy.listen()
-        port = busy.getsockname()[1]
-        # The port block starts at etcd's client port; make a cluster's apiserver port the busy one.
-        result = _cli("up", "--members", "1", "--nodes-per-member", "1", "--port-base", port - 2, "--state", tmp_path)
+        result = _cli("up", "--members", "1", "--nodes-per-member", "1", "--port-base", str(base), "--state", tmp_path)
     line = _one_line_error(result)
     assert f"port {port}" in line and "in use" in line
     assert lab_processes(str(tmp_path)) == []

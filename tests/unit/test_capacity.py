@@ -281,3 +281,35 @@ def test_incremental_summaries_equal_full_ones_under_random_events() -> None:
             fast = incremental.summarize(inv, policy, now=NOON)
             assert fast.to_json() == full.to_json(), f"diverged at step {step}"
             assert sorted(n.name for n in fast.nodes) == sorted(n.name for n in full.nodes)
+
+
+def test_agent_stream_round_trip_feeds_the_same_incremental_summary() -> None:
+    """What the agent sends (changed nodes as protobuf) rebuilds an inventory whose incremental
+    summary equals the direct one, event after event."""
+    from federation.agent.convert import apply_node, node_message, remove_node
+    from federation.capacity import Summarizer
+
+    direct = inventory([node(f"n{i}", gpus=4) for i in range(6)], [])
+    mirror = Inventory()
+    sent: dict[str, int] = {}
+    incremental = Summarizer("m")
+    policy = CapacityPolicy()
+    for step in range(60):
+        direct.upsert_pod(
+            pod(f"p{step % 9}", f"n{step % 6}", {"cpu": f"{100 * (step % 7 + 1)}m", "nvidia.com/gpu": "1"})
+        )
+        if step % 11 == 0:
+            direct.delete_node(f"n{step % 6}")
+        if step % 13 == 0:
+            direct.upsert_node(node(f"n{step % 6}", gpus=8))
+        for name, version in direct.node_versions.items():
+            if sent.get(name) != version and name in direct.nodes:
+                apply_node(mirror, node_message(direct, name))
+                sent[name] = version
+        for name in [n for n in sent if n not in direct.nodes]:
+            remove_node(mirror, name)
+            del sent[name]
+        assert (
+            incremental.summarize(mirror, policy, now=NOON).to_json()
+            == summarize("m", direct, policy, now=NOON).to_json()
+        )
