@@ -1,0 +1,161 @@
+"""Which job a pod belongs to, and that job's gang (pure).
+
+The job is read, in order, from: the native PodGroup (`spec.schedulingGroup.podGroupName`),
+scheduler-plugins (label `scheduling.x-k8s.io/pod-group`), Volcano (annotation
+`scheduling.k8s.io/group-name` or `scheduling.volcano.sh/group-name`), Koordinator (label
+`pod-group.scheduling.sigs.k8s.io` or annotation `gang.scheduling.koordinator.sh/name`), Kueue pod
+groups (`kueue.x-k8s.io/pod-group-name`), else the controlling owner; a bare pod is its own job.
+The gang minimum, timeout and constraints come from that source (the group object where it
+has one). Roles come from the priority band or a role label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NATIVE = "native"
+SCHEDULER_PLUGINS = "scheduler-plugins"
+VOLCANO = "volcano"
+KOORDINATOR = "koordinator"
+KUEUE = "kueue"
+OWNER = "owner"
+POD = "pod"
+
+SP_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_ANNOTATIONS = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
+KOORD_LABEL = "pod-group.scheduling.sigs.k8s.io"
+KOORD_NAME = "gang.scheduling.koordinator.sh/name"
+KOORD_MIN = "gang.scheduling.koordinator.sh/min-available"
+KOORD_WAIT = "gang.scheduling.koordinator.sh/waiting-time"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+
+#: Our annotations (on the group object or the pods) asking for "Same" placement.
+SAME_NETWORK = "vkprovider.io/same-network-pod"
+SAME_GPU_MODEL = "vkprovider.io/same-gpu-model"
+GPU_MODEL = "vkprovider.io/gpu-model"
+GANG_TIMEOUT = "vkprovider.io/gang-timeout-seconds"
+ROLE_LABEL = "vkprovider.io/role"
+
+#: The group object each source keeps, as (apiVersion, plural).
+GROUP_RESOURCES = {
+    NATIVE: ("scheduling.k8s.io/v1beta1", "podgroups"),
+    SCHEDULER_PLUGINS: ("scheduling.x-k8s.io/v1alpha1", "podgroups"),
+    VOLCANO: ("scheduling.volcano.sh/v1beta1", "podgroups"),
+}
+
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job: where its identity came from and its name, unique within the namespace."""
+
+    namespace: str
+    source: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.source}/{self.name}"
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    min_member: int = 1
+    timeout: float = DEFAULT_TIMEOUT
+    same_network: bool = False
+    same_gpu_model: bool = False
+    gpu_model: str | None = None
+    topology_key: str | None = None  # the native group's own topology constraint, if any
+
+    @property
+    def is_gang(self) -> bool:
+        return self.min_member > 1
+
+
+def job_of(pod: dict[str, Any]) -> JobRef:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    namespace = meta.get("namespace") or ""
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    if group:
+        return JobRef(namespace, NATIVE, group)
+    if labels.get(SP_LABEL):
+        return JobRef(namespace, SCHEDULER_PLUGINS, labels[SP_LABEL])
+    for key in VOLCANO_ANNOTATIONS:
+        if annotations.get(key):
+            return JobRef(namespace, VOLCANO, annotations[key])
+    koord = labels.get(KOORD_LABEL) or annotations.get(KOORD_NAME)
+    if koord:
+        return JobRef(namespace, KOORDINATOR, koord)
+    kueue = labels.get(KUEUE_GROUP) or annotations.get(KUEUE_GROUP)
+    if kueue:
+        return JobRef(namespace, KUEUE, kueue)
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("controller"):
+            return JobRef(namespace, OWNER, f"{owner.get('kind', '')}/{owner.get('name', '')}")
+    return JobRef(namespace, POD, meta.get("name", ""))
+
+
+def _flag(*maps: dict[str, str], key: str) -> bool:
+    return any((m.get(key) or "").lower() == "true" for m in maps)
+
+
+def _number(value: Any, default: float) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> GangSpec:
+    """The gang of `job` from its group object (if the source has one) and a member pod."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    group_annotations = ((group or {}).get("metadata") or {}).get("annotations") or {}
+    group_spec = (group or {}).get("spec") or {}
+    timeout = _number(group_annotations.get(GANG_TIMEOUT) or annotations.get(GANG_TIMEOUT), DEFAULT_TIMEOUT)
+    minimum = 1
+    topology_key = None
+    if job.source == NATIVE:
+        minimum = int(((group_spec.get("schedulingPolicy") or {}).get("gang") or {}).get("minCount") or 1)
+        topology = (group_spec.get("schedulingConstraints") or {}).get("topology") or []
+        topology_key = topology[0].get("key") if topology else None
+    elif job.source in (SCHEDULER_PLUGINS, VOLCANO):
+        minimum = int(group_spec.get("minMember") or 1)
+        if job.source == SCHEDULER_PLUGINS and group_spec.get("scheduleTimeoutSeconds"):
+            timeout = _number(group_spec["scheduleTimeoutSeconds"], timeout)
+    elif job.source == KOORDINATOR:
+        minimum = int(_number(annotations.get(KOORD_MIN), 1))
+        wait = annotations.get(KOORD_WAIT)
+        if wait:
+            timeout = _number(wait.rstrip("s"), timeout)
+    elif job.source == KUEUE:
+        minimum = int(_number(annotations.get(KUEUE_TOTAL), 1))
+    return GangSpec(
+        min_member=max(1, minimum),
+        timeout=timeout,
+        same_network=_flag(group_annotations, annotations, key=SAME_NETWORK),
+        same_gpu_model=_flag(group_annotations, annotations, key=SAME_GPU_MODEL),
+        gpu_model=group_annotations.get(GPU_MODEL) or annotations.get(GPU_MODEL),
+        topology_key=topology_key,
+    )
+
+
+def role_of(pod: dict[str, Any]) -> str:
+    """ps, worker-min or worker-max, from the role label or the priority band."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if labels.get(ROLE_LABEL) in ("ps", "worker-min", "worker-max"):
+        return str(labels[ROLE_LABEL])
+    priority = (pod.get("spec") or {}).get("priority")
+    if isinstance(priority, int):
+        if 2001 <= priority <= 3000:
+            return "ps"
+        if 1001 <= priority <= 2000:
+            return "worker-min"
+        if 1 <= priority <= 1000:
+            return "worker-max"
+    return "worker-min"
