@@ -69,6 +69,12 @@ class MemberConfig(_Model):
     source: Literal["direct", "agent"] = Field("direct", description="Watch the member, or read its capacity agent.")
     agent_address: str | None = Field(None, description="host:port of the member's capacity agent.")
     agent_tls_ca: Path | None = Field(None, description="CA of the agent's certificate; unset: plaintext.")
+    namespace_prefix: str = Field("", description="Member namespace = prefix + front-end namespace.")
+    gang_api: Literal["native", "scheduler-plugins", "volcano"] = Field(
+        "native", description="The gang object the member's scheduler understands."
+    )
+    scheduler_name: str = Field("default-scheduler", description="schedulerName of pods created there.")
+    service_account: str = Field("default", description="Service account our pods use in the member.")
 
 
 class FederationConfig(_Model):

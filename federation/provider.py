@@ -22,10 +22,11 @@ from typing import Any, Protocol
 
 import yaml
 
-from federation import capacity, quantities
+from federation import capacity, forge, quantities
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig
+from federation.dispatch import Dispatcher, MemberPods
 from federation.watch import MemberWatcher
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
@@ -96,6 +97,8 @@ class Member:
     source: CapacitySource
     from_object: bool = False
     task: asyncio.Task[None] | None = None
+    pods: MemberPods | None = None  # our pods there (None: the member only lends, no kubeconfig)
+    pods_task: asyncio.Task[None] | None = None
     summary: MemberCapacity | None = None
     reachable: bool = True
     status_written: dict[str, Any] = field(default_factory=dict)
@@ -126,6 +129,9 @@ def member_from_object(obj: dict[str, Any]) -> MemberConfig:
         network_pod_label=spec.get("networkPodLabel") or MemberConfig.model_fields["network_pod_label"].default,
         source=spec.get("source", "direct"),
         agent_address=spec.get("agentAddress"),
+        namespace_prefix=(spec.get("namespaceMapping") or {}).get("prefix", ""),
+        gang_api=spec.get("gangApi", "native"),
+        scheduler_name=spec.get("schedulerName", "default-scheduler"),
     )
 
 
@@ -148,6 +154,13 @@ class FederationProvider:
         self._published: dict[str, NodeStatus] = {}
         self._source_factory = source_factory or self._default_source
         self._client: KubeClient | None = None
+        self._pod_callbacks: list[PodChanged] = []
+        self.dispatcher = Dispatcher(
+            instance=node_name,
+            members=lambda: {n: m for n, m in self.members.items() if m.config.enabled and m.pods is not None},
+            capacities=lambda: {n: m.summary for n, m in self.members.items() if m.summary is not None and m.reachable},
+            notify=self._pod_changed,
+        )
         #: Set once the configured members are added and MemberCluster objects listed.
         self.started = asyncio.Event()
         self._log = logs.get("federation", node=node_name)
@@ -173,7 +186,11 @@ class FederationProvider:
         member = Member(config=config, source=source, from_object=from_object)
         self.members[config.name] = member
         if config.enabled:
-            member.task = asyncio.get_running_loop().create_task(source.run(), name=f"federation/member/{config.name}")
+            loop = asyncio.get_running_loop()
+            member.task = loop.create_task(source.run(), name=f"federation/member/{config.name}")
+            if access is not None:
+                member.pods = MemberPods(config.name, access, instance=self.node_name, on_change=self._pod_changed)
+                member.pods_task = loop.create_task(member.pods.run(), name=f"federation/pods/{config.name}")
         self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
         self._node_set_changed()
         self._changed()
@@ -184,6 +201,8 @@ class FederationProvider:
             return
         if member.task is not None:
             member.task.cancel()
+        if member.pods_task is not None:
+            member.pods_task.cancel()
         if not quiet:
             self._log.info("member removed", cluster=name)
             self._node_set_changed()
@@ -404,6 +423,7 @@ class FederationProvider:
     async def run(self, client: KubeClient) -> None:
         """Start the configured members, follow MemberCluster objects, publish capacity."""
         self._client = client
+        self.dispatcher.front = client
         for member in self.config.members:
             access = load_kubeconfig(member.kubeconfig) if member.kubeconfig else None
             self.add_member(member, access)
@@ -449,28 +469,57 @@ class FederationProvider:
                 }
         return {"members": members, "virtualNodes": nodes}
 
-    # -- pods: dispatch to members arrives with its own release ----------------------------------
+    # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 
-    async def create_pod(self, pod: Pod) -> None:
-        raise ProviderError("dispatch to member clusters is not available in this release")
-
-    async def update_pod(self, pod: Pod) -> None:
-        return None
-
-    async def delete_pod(self, pod: Pod) -> None:
-        raise ProviderNotFound("no pod was dispatched")
-
-    async def get_pod(self, namespace: str, name: str) -> Pod | None:
-        return None
-
-    async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
-        return None
-
-    async def list_pods(self) -> list[Pod]:
-        return []
+    def _pod_changed(self, key: str) -> None:
+        namespace, _, name = key.partition("/")
+        pod: Pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {}}
+        for callback in self._pod_callbacks:
+            callback(pod)
 
     def notify_pods(self, callback: PodChanged) -> None:
-        return None
+        self._pod_callbacks.append(callback)
+
+    async def create_pod(self, pod: Pod) -> None:
+        await self.dispatcher.create(pod)
+
+    async def update_pod(self, pod: Pod) -> None:
+        key = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
+        job_key = self.dispatcher.job_of_pod.get(key)
+        job = self.dispatcher.jobs.get(job_key) if job_key else None
+        if job is not None and key in job.pods:
+            job.pods[key] = pod
+
+    async def delete_pod(self, pod: Pod) -> None:
+        if not await self.dispatcher.delete(pod):
+            raise ProviderNotFound("no member runs this pod")
+
+    async def get_pod(self, namespace: str, name: str) -> Pod | None:
+        key = f"{namespace}/{name}"
+        front, status = self.dispatcher.status(key)
+        if status is None:
+            return None
+        if front is None:
+            found = self.dispatcher.member_pod(key)
+            uid = ((found[1]["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")) if found else ""
+            front = {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}
+        pod: Pod = {"metadata": front["metadata"], "spec": front["spec"], "status": status}
+        return pod
+
+    async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
+        return self.dispatcher.status(f"{namespace}/{name}")[1]
+
+    async def list_pods(self) -> list[Pod]:
+        """Our member pods, as the front-end pods they run (this instance's only)."""
+        out: list[Pod] = []
+        for member in self.members.values():
+            if member.pods is None:
+                continue
+            for key, member_pod in list(member.pods.by_origin.items()):
+                namespace, _, name = key.partition("/")
+                uid = (member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")
+                out.append({"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}})
+        return out
 
 
 def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:

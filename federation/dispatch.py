@@ -1,0 +1,456 @@
+"""Dispatch: front-end pods to member clusters, whole jobs at a time, and their status back.
+
+- A job's first dispatch pins it to one member that can host its gang as a whole; the pin is
+  written on the front-end pods (annotation vkprovider.io/member) and every later pod follows.
+- Gang pods wait at the front end until the gang's minimum is bound; then the member's gang
+  object is created first, then all pods at once. If the member has not bound the gang within
+  the timeout, the member gang is deleted, the job unpinned and the next candidate tried; with
+  none left the pods end Failed with reason GangTimeout.
+- Our member pods are watched (by label) and their status reported back to the runtime.
+State is rebuilt from the front-end pods and the member pods after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from federation import forge, placement
+from federation.capacity import MemberCapacity
+from federation.inventory import pod_requests
+from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
+from vkprovider import logs
+from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, Conflict, Gone, KubeClient, NotFound
+from vkprovider.objects import Pod, PodStatus, pod_key
+from vkprovider.podstatus import failed_status
+from vkprovider.provider import ProviderError
+
+PIN = forge.MEMBER
+
+
+class MemberPods:
+    """Our pods in one member, watched by label and indexed by the front-end pod they run."""
+
+    def __init__(self, name: str, access: ClusterAccess, *, instance: str, on_change: Callable[[str], None]) -> None:
+        self.name = name
+        self.access = access
+        self.instance = instance
+        self._on_change = on_change
+        self.by_origin: dict[str, dict[str, Any]] = {}  # front-end ns/name -> member pod
+        self.synced = asyncio.Event()
+        self.client: KubeClient | None = None
+        self.namespaces: set[str] = set()
+        self._log = logs.get("member-pods", cluster=name)
+
+    @staticmethod
+    def origin(pod: dict[str, Any]) -> str:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        return f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
+
+    def _put(self, pod: dict[str, Any]) -> None:
+        key = self.origin(pod)
+        self.by_origin[key] = pod
+        self._on_change(key)
+
+    def _drop(self, pod: dict[str, Any]) -> None:
+        key = self.origin(pod)
+        current = self.by_origin.get(key)
+        if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
+            del self.by_origin[key]
+        self._on_change(key)
+
+    async def run(self) -> None:
+        params = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={self.instance}"}
+        async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}") as client:
+            self.client = client
+            failures = 0
+            while True:
+                try:
+                    listed = await client.list("/api/v1/pods", params=params)
+                    seen = {self.origin(p) for p in listed["items"]}
+                    for key in [k for k in self.by_origin if k not in seen]:
+                        self._drop(self.by_origin[key])
+                    for pod in listed["items"]:
+                        self._put(pod)
+                    self.synced.set()
+                    rv = listed["metadata"]["resourceVersion"]
+                    failures = 0
+                    while True:
+                        async for event in client.watch("/api/v1/pods", resource_version=rv, params=params):
+                            obj = event["object"]
+                            rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                            if event["type"] == "BOOKMARK":
+                                continue
+                            if event["type"] == "DELETED":
+                                self._drop(obj)
+                            else:
+                                self._put(obj)
+                except Gone:
+                    continue
+                except ApiError as exc:
+                    failures += 1
+                    self._log.warning("member pod watch failed", error=str(exc))
+                    await asyncio.sleep(min(5.0, 0.25 * 2**failures))
+
+
+@dataclass
+class Job:
+    ref: JobRef
+    gang: GangSpec
+    pods: dict[str, Pod] = field(default_factory=dict)  # front-end pods by ns/name
+    member: str | None = None
+    place: placement.Placement | None = None
+    ready_at: float | None = None  # when the gang's minimum was first bound
+    dispatched_at: float | None = None
+    excluded: set[str] = field(default_factory=set)
+    failed: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    timer: asyncio.Task[None] | None = None
+    core: set[str] = field(default_factory=set)  # pods dispatched as the gang (the rest are elastic)
+    role: str = "worker-min"  # the gang core's shared priority role
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        instance: str,
+        members: Callable[[], dict[str, Any]],
+        capacities: Callable[[], dict[str, MemberCapacity]],
+        notify: Callable[[str], None],
+    ) -> None:
+        self.instance = instance
+        self._members = members  # name -> provider Member (config + pods watcher)
+        self._capacities = capacities
+        self._notify = notify
+        self.jobs: dict[str, Job] = {}
+        self.job_of_pod: dict[str, str] = {}  # ns/name -> job key
+        self.front: KubeClient | None = None
+        self._priority_classes: set[str] = set()
+        self._log = logs.get("dispatch", instance=instance)
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def pods_in(self, member: str) -> MemberPods | None:
+        entry = self._members().get(member)
+        return getattr(entry, "pods", None)
+
+    def member_pod(self, key: str) -> tuple[str, dict[str, Any]] | None:
+        for name in self._members():
+            pods = self.pods_in(name)
+            if pods is not None and key in pods.by_origin:
+                return name, pods.by_origin[key]
+        return None
+
+    async def _group(self, job: JobRef) -> dict[str, Any] | None:
+        if job.source not in GROUP_RESOURCES or self.front is None:
+            return None
+        api_version, plural = GROUP_RESOURCES[job.source]
+        try:
+            return await self.front.get(f"/apis/{api_version}/namespaces/{job.namespace}/{plural}/{job.name}")
+        except ApiError:
+            return None
+
+    async def _job(self, pod: Pod) -> Job:
+        ref = job_of(pod)  # type: ignore[arg-type]
+        job = self.jobs.get(ref.key)
+        if job is None:
+            gang = gang_of(ref, pod, await self._group(ref))  # type: ignore[arg-type]
+            job = self.jobs.setdefault(ref.key, Job(ref=ref, gang=gang))
+        self.job_of_pod[pod_key(pod)] = ref.key
+        return job
+
+    # -- member-side writes ----------------------------------------------------------------------
+
+    async def _ensure_member_basics(self, member: str, client: KubeClient, namespace: str) -> None:
+        pods = self.pods_in(member)
+        if pods is not None and namespace in pods.namespaces:
+            return
+        if member not in self._priority_classes:
+            for role, (name, value) in forge.PRIORITY_CLASSES.items():
+                body = {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name, "labels": {forge.MANAGED: "true"}},
+                    "value": value,
+                    "preemptionPolicy": "Never" if role == "worker-max" else "PreemptLowerPriority",
+                    "description": f"vkprovider offline band ({role}), below every online class",
+                }
+                with contextlib.suppress(AlreadyExists):
+                    await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
+            self._priority_classes.add(member)
+        with contextlib.suppress(AlreadyExists):
+            await client.create(
+                "/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {forge.MANAGED: "true"}}}
+            )
+        if pods is not None:
+            pods.namespaces.add(namespace)
+
+    async def _create_member_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool = True) -> None:
+        entry = self._members()[member]
+        pods: MemberPods = entry.pods
+        if pods.client is None:
+            raise ProviderError(f"member {member} is not connected")
+        config = entry.config
+        body = forge.to_member(
+            pod,
+            job=job.ref,
+            gang=job.gang,
+            role=role_of(pod),  # type: ignore[arg-type]
+            member=member,
+            instance=self.instance,
+            namespace_prefix=config.namespace_prefix,
+            gang_api=config.gang_api,
+            scheduler_name=config.scheduler_name,
+            service_account=config.service_account,
+            colocation=config.capacity.model == "colocation",
+            placement=job.place,
+            network_pod_label=config.network_pod_label,
+            in_gang=in_gang,
+            gang_role=job.role,
+        )
+        namespace = body["metadata"]["namespace"]
+        await self._ensure_member_basics(member, pods.client, namespace)
+        try:
+            created = await pods.client.create(f"/api/v1/namespaces/{namespace}/pods", body)
+        except AlreadyExists:
+            return  # created before a restart: the watch reports it
+        pods.by_origin[MemberPods.origin(created)] = created
+
+    async def _create_gang_object(self, job: Job, member: str) -> None:
+        entry = self._members()[member]
+        config = entry.config
+        client: KubeClient = entry.pods.client
+        namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
+        await self._ensure_member_basics(member, client, namespace)
+        body = forge.gang_object(
+            job.ref,
+            job.gang,
+            namespace=namespace,
+            gang_api=config.gang_api,
+            placement=job.place,
+            network_pod_label=config.network_pod_label,
+            instance=self.instance,
+            role=job.role,
+        )
+        api_version, plural = forge.GANG_PATHS[config.gang_api]
+        with contextlib.suppress(AlreadyExists):
+            await client.create(f"/apis/{api_version}/namespaces/{namespace}/{plural}", body)
+
+    async def _delete_member_gang(self, job: Job, member: str) -> None:
+        entry = self._members().get(member)
+        if entry is None or entry.pods.client is None:
+            return
+        client: KubeClient = entry.pods.client
+        config = entry.config
+        namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
+        selector = {"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job.ref)},{forge.INSTANCE}={self.instance}"}
+        with contextlib.suppress(NotFound):
+            await client.delete(f"/api/v1/namespaces/{namespace}/pods", params={**selector, "gracePeriodSeconds": 0})
+        api_version, plural = forge.GANG_PATHS[config.gang_api]
+        with contextlib.suppress(NotFound):
+            await client.delete(f"/apis/{api_version}/namespaces/{namespace}/{plural}/{forge.gang_name(job.ref)}")
+
+    async def _pin(self, job: Job, member: str | None) -> None:
+        """Record the job's member on its front-end pods (None: unpin)."""
+        assert self.front is not None
+        for key, pod in list(job.pods.items()):
+            namespace, name = key.split("/", 1)
+            patch = {"metadata": {"annotations": {PIN: member}}}
+            try:
+                updated = await self.front.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", patch)
+            except (NotFound, Conflict):
+                continue
+            if updated["metadata"].get("uid") == pod["metadata"].get("uid"):
+                job.pods[key] = cast(Pod, updated)
+
+    # -- the job state machine -------------------------------------------------------------------
+
+    async def create(self, pod: Pod) -> None:
+        job = await self._job(pod)
+        key = pod_key(pod)
+        async with job.lock:
+            job.pods[key] = pod
+            if job.failed:
+                return
+            found = self.member_pod(key)
+            if found is not None:
+                job.member = job.member or found[0]
+                return
+            pinned = job.member or (pod["metadata"].get("annotations") or {}).get(PIN)
+            if pinned and pinned not in self._members():
+                job.failed = "MemberRemoved"
+                self._notify_job(job)
+                return
+            if pinned and job.dispatched_at is not None:
+                # An elastic pod beyond the gang's minimum (or a plain job's next pod): it goes
+                # to the job's member on its own, as capacity allows.
+                await self._create_member_pod(job, pod, pinned, in_gang=key in job.core)
+                return
+            if pinned and (not job.gang.is_gang or len(job.pods) >= job.gang.min_member):
+                # Pinned before a restart: finish the dispatch in the same member.
+                job.member = pinned
+                job.core = set(job.pods)
+                job.role = forge.gang_role([role_of(p) for p in job.pods.values()])  # type: ignore[arg-type]
+                if job.gang.is_gang:
+                    await self._create_gang_object(job, pinned)
+                for other in list(job.pods.values()):
+                    await self._create_member_pod(job, other, pinned)
+                job.dispatched_at = time.monotonic()
+                self._start_timer(job)
+                return
+            if job.gang.is_gang and len(job.pods) < job.gang.min_member:
+                self._notify_job(job)  # waiting: every pod's message names the count
+                return
+            if job.ready_at is None:
+                job.ready_at = time.monotonic()
+            await self._dispatch(job)
+
+    def _core(self, job: Job) -> list[str]:
+        """The pods that leave as the gang: its minimum, highest roles first (PS, then
+        worker-min); the others are elastic and follow one by one."""
+        if not job.gang.is_gang:
+            return list(job.pods)
+        ranked = sorted(job.pods, key=lambda k: -forge.ROLE_RANK.get(role_of(job.pods[k]), 2))  # type: ignore[arg-type]
+        return ranked[: job.gang.min_member]
+
+    async def _dispatch(self, job: Job, *, retry: bool = False) -> None:
+        core = self._core(job)
+        requests = [pod_requests(job.pods[k]["spec"]) for k in core]
+        weights = {n: m.config.weight for n, m in self._members().items()}
+        capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
+        found = placement.candidates(capacities, requests, job.gang, weights=weights, exclude=job.excluded)
+        if not found:
+            if not job.gang.is_gang:
+                raise ProviderError("no member cluster can host this pod now")
+            if not retry:
+                self._start_timer(job)  # waits for capacity until the gang's timeout
+                self._notify_job(job)
+            return
+        choice = found[0]
+        job.member, job.place = choice.member, choice
+        job.core = set(core)
+        job.role = forge.gang_role([role_of(job.pods[k]) for k in core])  # type: ignore[arg-type]
+        self._log.info(
+            "dispatching job", job=job.ref.key, member=choice.member, pods=len(core), network_pod=choice.network_pod
+        )
+        await self._pin(job, choice.member)
+        if job.gang.is_gang:
+            await self._create_gang_object(job, choice.member)
+        limit = asyncio.Semaphore(64)
+
+        async def one(key: str) -> None:
+            async with limit:
+                await self._create_member_pod(job, job.pods[key], choice.member, in_gang=key in job.core)
+
+        # The gang's core all at once, then the elastic rest.
+        await asyncio.gather(*(one(k) for k in core))
+        job.dispatched_at = time.monotonic()
+        await asyncio.gather(*(one(k) for k in list(job.pods) if k not in job.core))
+        if not retry:
+            self._start_timer(job)
+
+    def _start_timer(self, job: Job) -> None:
+        if not job.gang.is_gang or (job.timer is not None and not job.timer.done()):
+            return
+        job.timer = asyncio.get_running_loop().create_task(self._gang_timer(job), name=f"dispatch/gang/{job.ref.key}")
+
+    def _gang_bound(self, job: Job) -> bool:
+        if job.member is None:
+            return False
+        pods = self.pods_in(job.member)
+        if pods is None:
+            return False
+        bound = sum(
+            1 for key in job.pods if key in pods.by_origin and pods.by_origin[key].get("spec", {}).get("nodeName")
+        )
+        return bound >= job.gang.min_member
+
+    async def _gang_timer(self, job: Job) -> None:
+        started = job.dispatched_at or job.ready_at or time.monotonic()
+        while True:
+            if self._gang_bound(job):
+                return
+            if time.monotonic() - started >= job.gang.timeout:
+                break
+            await asyncio.sleep(0.5)
+            if job.member is None and not job.failed:
+                # No member could take the gang when it was ready: try again as capacity moves.
+                async with job.lock:
+                    if job.member is None and not job.failed:
+                        await self._dispatch(job, retry=True)
+        async with job.lock:
+            if self._gang_bound(job):
+                return
+            member = job.member
+            if member is not None:
+                self._log.warning("gang not bound in time; rolling back", job=job.ref.key, member=member)
+                await self._delete_member_gang(job, member)
+                job.excluded.add(member)
+                job.member, job.place, job.dispatched_at = None, None, None
+                await self._pin(job, None)
+                job.timer = None
+                await self._dispatch(job)
+                if job.member is not None:
+                    return
+            job.failed = "GangTimeout"
+            self._log.warning("gang timed out in every member", job=job.ref.key)
+            self._notify_job(job)
+
+    def _notify_job(self, job: Job) -> None:
+        for key in job.pods:
+            self._notify(key)
+
+    # -- what the runtime reads -----------------------------------------------------------------
+
+    def status(self, key: str) -> tuple[Pod | None, PodStatus | None]:
+        """(front-end pod as last seen, the status to report), or (None, None) if unknown."""
+        job_key = self.job_of_pod.get(key)
+        job = self.jobs.get(job_key) if job_key else None
+        pod = job.pods.get(key) if job else None
+        found = self.member_pod(key)
+        if found is not None:
+            return pod, forge.status_from_member(found[1])
+        if job is None or pod is None:
+            return None, None
+        if job.failed == "GangTimeout":
+            message = f"no member bound the gang of {job.gang.min_member} within {job.gang.timeout:.0f}s"
+            return pod, failed_status(pod, reason="GangTimeout", message=message, exit_code=1)
+        if job.failed:
+            return pod, failed_status(pod, reason=job.failed, message=f"the job's member {job.failed}", exit_code=1)
+        if job.gang.is_gang and job.dispatched_at is None:
+            bound = len(job.pods)
+            return pod, forge.waiting_status(bound=min(bound, job.gang.min_member), minimum=job.gang.min_member)
+        return None, None
+
+    async def delete(self, pod: Pod) -> bool:
+        """Delete the pod's member pod; False if there is none."""
+        key = pod_key(pod)
+        job_key = self.job_of_pod.get(key)
+        job = self.jobs.get(job_key) if job_key else None
+        if job is not None:
+            job.pods.pop(key, None)
+            if not job.pods:
+                if job.timer is not None:
+                    job.timer.cancel()
+                self.jobs.pop(job.ref.key, None)
+        found = self.member_pod(key)
+        if found is None:
+            self.job_of_pod.pop(key, None)
+            return job is not None
+        member, member_pod = found
+        client = self.pods_in(member).client  # type: ignore[union-attr]
+        if client is None:
+            raise ProviderError(f"member {member} is not connected")
+        grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        meta = member_pod["metadata"]
+        body: dict[str, Any] = {"preconditions": {"uid": meta.get("uid")}}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        with contextlib.suppress(NotFound, Conflict):
+            await client.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", body=body)
+        return True
