@@ -1,0 +1,186 @@
+"""Dispatch end to end: gangs leave the front end whole, land in one member (and one network
+pod when asked), never partially anywhere, and time out cleanly when no member can take them."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from e2e.fixtures import Lab
+from federation import forge
+from federation.jobs import JobRef
+from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.test_federation_capacity import federation_vk
+from tests.e2e.vk import VkProcess
+from vkprovider.kube import ApiError, KubeClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+
+GPU = "nvidia.com/gpu"
+V100 = "Tesla-V100-SXM2-32GB"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
+    async with lab.client("offline") as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def provider(lab: Lab, tmp_path: Path) -> AsyncIterator[VkProcess]:
+    proc = federation_vk(lab, tmp_path, lab.members)
+    proc.start()
+    await proc.wait_ready()
+    # Capacity must be known before anything is dispatched.
+    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    try:
+        yield proc
+    finally:
+        proc.ensure_stopped()
+
+
+async def _members_synced(proc: VkProcess) -> bool:
+    view = await proc.view()
+    return len(view.get("members", {})) == 3 and all("lendable" in m for m in view["members"].values())
+
+
+def gang_pod(name: str, node: str, group: str, gpus: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulingGroup": {"podGroupName": group},
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example/trainer:1",
+                    "resources": {"requests": {GPU: str(gpus), "cpu": "1"}, "limits": {GPU: str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def pod_group(name: str, min_count: int, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}},
+    }
+
+
+class MemberWatch:
+    """Every pod and PodGroup of a job seen in the members during a test."""
+
+    def __init__(self, lab: Lab, members: list[str], job_hash: str) -> None:
+        self.lab = lab
+        self.members = members
+        self.job_hash = job_hash
+        self.seen: dict[str, set[str]] = {m: set() for m in members}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def _watch(self, member: str, path: str) -> None:
+        async with self.lab.client(member) as client:
+            params = {"labelSelector": f"{forge.JOB_LABEL}={self.job_hash}"}
+            listed = await client.list(path, params=params)
+            for item in listed["items"]:
+                self.seen[member].add(item["metadata"]["name"])
+            rv = listed["metadata"]["resourceVersion"]
+            while True:
+                try:
+                    async for event in client.watch(path, resource_version=rv, params=params):
+                        rv = event["object"]["metadata"].get("resourceVersion", rv)
+                        if event["type"] != "BOOKMARK":
+                            self.seen[member].add(event["object"]["metadata"]["name"])
+                except ApiError:
+                    await asyncio.sleep(0.2)
+
+    def start(self) -> None:
+        for member in self.members:
+            for path in ("/api/v1/pods", "/apis/scheduling.k8s.io/v1beta1/podgroups"):
+                self.tasks.append(asyncio.create_task(self._watch(member, path), name=f"test-watch/{member}{path}"))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
+    lab: Lab, offline: KubeClient, provider: VkProcess
+) -> None:
+    ns = await make_namespace(offline, f"gang16-{uuid.uuid4().hex[:6]}")
+    job = JobRef(ns, "native", "train")
+    watch = MemberWatch(lab, ["member-1", "member-3"], forge.job_hash(job))
+    watch.start()
+    try:
+        annotations = {"vkprovider.io/same-network-pod": "true", "vkprovider.io/gpu-model": V100}
+        await offline.create(
+            f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("train", 16, annotations)
+        )
+        await asyncio.gather(
+            *(
+                offline.create(f"/api/v1/namespaces/{ns}/pods", gang_pod(f"w{i:02d}", provider.node, "train", 1))
+                for i in range(16)
+            )
+        )
+
+        async def all_running() -> list[dict[str, Any]] | None:
+            items = await pods(offline, ns)
+            return items if sum(1 for p in items if p["status"].get("phase") == "Running") == 16 else None
+
+        await eventually(all_running, timeout=60, what="16 gang pods running")
+        async with lab.client("member-2") as member:
+            placed = await pods(member, ns)
+            nodes = await member.list("/api/v1/nodes")
+        assert len(placed) == 16
+        network_pod = {
+            n["metadata"]["name"]: n["metadata"]["labels"]["vkprovider.io/network-pod"] for n in nodes["items"]
+        }
+        assert len({network_pod[p["spec"]["nodeName"]] for p in placed}) == 1, "the gang spans network pods"
+        front = await pods(offline, ns)
+        assert {p["metadata"]["annotations"]["vkprovider.io/member"] for p in front} == {"member-2"}
+        await asyncio.sleep(1)
+        assert watch.seen == {"member-1": set(), "member-3": set()}, "other members saw the gang"
+    finally:
+        await watch.stop()
+        await delete_namespace(offline, ns)
+
+
+async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
+    lab: Lab, offline: KubeClient, provider: VkProcess
+) -> None:
+    ns = await make_namespace(offline, f"nofit-{uuid.uuid4().hex[:6]}")
+    job = JobRef(ns, "native", "huge")
+    watch = MemberWatch(lab, lab.members, forge.job_hash(job))
+    watch.start()
+    try:
+        # 9 GPUs per pod: the pooled node has room in sum, no member node has 9.
+        annotations = {"vkprovider.io/gang-timeout-seconds": "8"}
+        await offline.create(
+            f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("huge", 4, annotations)
+        )
+        for i in range(4):
+            await offline.create(f"/api/v1/namespaces/{ns}/pods", gang_pod(f"h{i}", provider.node, "huge", 9))
+
+        async def timed_out() -> list[dict[str, Any]] | None:
+            items = await pods(offline, ns)
+            failed = [p for p in items if p["status"].get("phase") == "Failed"]
+            return items if len(failed) == 4 and all(p["status"]["reason"] == "GangTimeout" for p in failed) else None
+
+        items = await eventually(timed_out, timeout=60, what="GangTimeout on all 4 pods")
+        assert "within 8s" in items[0]["status"]["message"]
+        await asyncio.sleep(1)
+        assert all(not seen for seen in watch.seen.values()), f"a member saw part of the gang: {watch.seen}"
+    finally:
+        await watch.stop()
+        await delete_namespace(offline, ns)
