@@ -184,3 +184,94 @@ async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
     finally:
         await watch.stop()
         await delete_namespace(offline, ns)
+
+
+@pytest.mark.parametrize("dialect", ["scheduler-plugins", "volcano"])
+async def test_other_gang_dialects_at_the_front_end(
+    lab: Lab, offline: KubeClient, provider: VkProcess, dialect: str
+) -> None:
+    ns = await make_namespace(offline, f"{dialect[:5]}-{uuid.uuid4().hex[:6]}")
+    try:
+        if dialect == "scheduler-plugins":
+            group = {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"name": "g"},
+                "spec": {"minMember": 3},
+            }
+            await offline.create(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups", group)
+        else:
+            group = {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "PodGroup",
+                "metadata": {"name": "g"},
+                "spec": {"minMember": 3},
+            }
+            await offline.create(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups", group)
+
+        def member_of_gang(i: int) -> dict[str, Any]:
+            body = gang_pod(f"p{i}", provider.node, "g", 1)
+            del body["spec"]["schedulingGroup"]  # the front end's own scheduler knows no such gang
+            if dialect == "scheduler-plugins":
+                body["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "g"}
+            else:
+                body["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "g"}
+            return body
+
+        for i in range(2):
+            await offline.create(f"/api/v1/namespaces/{ns}/pods", member_of_gang(i))
+
+        async def reasons() -> set[str] | None:
+            items = await pods(offline, ns)
+            found = {p["status"].get("reason", "") for p in items}
+            return found if found == {"WaitingForGang"} else None
+
+        await eventually(reasons, timeout=30, what="2 of 3 waiting at the front end")
+        items = await pods(offline, ns)
+        assert all("2 of 3" in p["status"]["message"] for p in items)
+        job = JobRef(ns, dialect, "g")
+        for member in lab.members:
+            async with lab.client(member) as client:
+                leaked = await client.list(
+                    "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
+                )
+                assert leaked["items"] == [], f"{member} has part of a waiting gang"
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", member_of_gang(2))
+
+        async def running() -> bool:
+            items = await pods(offline, ns)
+            return sum(1 for p in items if p["status"].get("phase") == "Running") == 3
+
+        await eventually(running, timeout=60, what="the gang running once complete")
+        members = {p["metadata"]["annotations"]["vkprovider.io/member"] for p in await pods(offline, ns)}
+        assert len(members) == 1
+    finally:
+        await delete_namespace(offline, ns)
+
+
+async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: KubeClient, provider: VkProcess) -> None:
+    ns = await make_namespace(offline, f"del-{uuid.uuid4().hex[:6]}")
+    try:
+        body = gang_pod("solo", provider.node, "none", 0)
+        del body["spec"]["schedulingGroup"]
+        body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"}}
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+        async def placed() -> tuple[str, dict[str, Any]] | None:
+            item = await offline.get(f"/api/v1/namespaces/{ns}/pods/solo")
+            member = (item["metadata"].get("annotations") or {}).get("vkprovider.io/member")
+            return (member, item) if member and item["status"].get("phase") == "Running" else None
+
+        member, item = await eventually(placed, what="the pod running in a member")
+        assert item["status"]["hostIP"] == "127.0.0.1" and item["status"]["podIP"]
+        await offline.delete(f"/api/v1/namespaces/{ns}/pods/solo")
+
+        async def gone_everywhere() -> bool:
+            front = await pods(offline, ns)
+            async with lab.client(member) as client:
+                there = await pods(client, ns)
+            return not front and not there
+
+        await eventually(gone_everywhere, timeout=30, what="the pod gone from the front end and the member")
+    finally:
+        await delete_namespace(offline, ns)
