@@ -14,22 +14,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from federation import forge, placement
+from federation import forge, placement, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
 from vkprovider import logs
+from vkprovider.events import EventRecorder
 from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, Conflict, Gone, KubeClient, NotFound
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status
 from vkprovider.provider import ProviderError
 
 PIN = forge.MEMBER
+GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
+
+
+def _age(obj: dict[str, Any]) -> float:
+    created = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not created:
+        return 0.0
+    when = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.UTC) - when).total_seconds()
 
 
 class MemberPods:
@@ -130,6 +141,8 @@ class Dispatcher:
         self.jobs: dict[str, Job] = {}
         self.job_of_pod: dict[str, str] = {}  # ns/name -> job key
         self.front: KubeClient | None = None
+        self.events: EventRecorder | None = None
+        self._services: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._priority_classes: set[str] = set()
         self._log = logs.get("dispatch", instance=instance)
 
@@ -215,11 +228,108 @@ class Dispatcher:
         )
         namespace = body["metadata"]["namespace"]
         await self._ensure_member_basics(member, pods.client, namespace)
+        await self._reflect(pods.client, body, front_namespace=pod["metadata"].get("namespace", ""))
+        if self.events is not None and (pod["spec"].get("serviceAccountName") or "default") != config.service_account:
+            await self.events.emit(
+                pod,
+                reason="ServiceAccountNotCarried",
+                message=f"runs in member {member} as its service account {config.service_account!r}; "
+                "front-end service-account tokens are not carried",
+            )
         try:
             created = await pods.client.create(f"/api/v1/namespaces/{namespace}/pods", body)
         except AlreadyExists:
             return  # created before a restart: the watch reports it
         pods.by_origin[MemberPods.origin(created)] = created
+
+    async def _reflect(self, client: KubeClient, member_pod: dict[str, Any], *, front_namespace: str) -> None:
+        """ConfigMaps, Secrets and headless Services the pod needs, copied before it starts."""
+        assert self.front is not None
+        namespace = member_pod["metadata"]["namespace"]
+        configmaps, secrets = reflect.references(member_pod["spec"])
+        wanted = [("configmaps", n) for n in sorted(configmaps)] + [("secrets", n) for n in sorted(secrets)]
+        for plural, name in wanted:
+            try:
+                source = await self.front.get(f"/api/v1/namespaces/{front_namespace}/{plural}/{name}")
+            except NotFound:
+                continue  # the member pod waits for it, as a kubelet would
+            await self._put_copy(client, plural, reflect.copy_of(source, namespace=namespace, instance=self.instance))
+        services = self._services.get(front_namespace)
+        if services is None or time.monotonic() - services[0] > 5:
+            listed = await self.front.list(f"/api/v1/namespaces/{front_namespace}/services")
+            services = (time.monotonic(), listed["items"])
+            self._services[front_namespace] = services
+        for svc in reflect.headless_services_for(member_pod["metadata"].get("labels") or {}, services[1]):
+            copy = reflect.service_copy(svc, namespace=namespace, instance=self.instance)
+            with contextlib.suppress(AlreadyExists):
+                await client.create(f"/api/v1/namespaces/{namespace}/services", copy)
+
+    @staticmethod
+    async def _put_copy(client: KubeClient, plural: str, copy: dict[str, Any]) -> None:
+        path = f"/api/v1/namespaces/{copy['metadata']['namespace']}/{plural}"
+        try:
+            await client.create(path, copy)
+        except AlreadyExists:
+            current = await client.get(f"{path}/{copy['metadata']['name']}")
+            if not reflect.same_content(current, copy):
+                copy["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                await client.replace(f"{path}/{copy['metadata']['name']}", copy)
+
+    async def collect_garbage(self) -> None:
+        """Delete reflected objects no pod of ours needs any more; refresh the others."""
+        assert self.front is not None
+        selector = {"labelSelector": f"{reflect.REFLECTED}=true,{forge.INSTANCE}={self.instance}"}
+        for name in list(self._members()):
+            pods = self.pods_in(name)
+            if pods is None or pods.client is None or not pods.synced.is_set():
+                continue
+            client = pods.client
+            used: dict[str, tuple[set[str], set[str]]] = {}
+            origin: dict[str, str] = {}
+            by_namespace: dict[str, list[dict[str, Any]]] = {}
+            for member_pod in list(pods.by_origin.values()):
+                ns = member_pod["metadata"]["namespace"]
+                cms, secrets = reflect.references(member_pod["spec"])
+                known = used.setdefault(ns, (set(), set()))
+                known[0].update(cms)
+                known[1].update(secrets)
+                origin[ns] = (member_pod["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAMESPACE, ns)
+                by_namespace.setdefault(ns, []).append(member_pod)
+            for plural, index in (("configmaps", 0), ("secrets", 1)):
+                listed = await client.list(f"/api/v1/{plural}", params=selector)
+                for obj in listed["items"]:
+                    ns, obj_name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+                    path = f"/api/v1/namespaces/{ns}/{plural}/{obj_name}"
+                    if obj_name not in used.get(ns, (set(), set()))[index]:
+                        if _age(obj) > GC_MIN_AGE:  # a copy made for a pod being created now is young
+                            with contextlib.suppress(NotFound):
+                                await client.delete(path)
+                        continue
+                    try:
+                        source = await self.front.get(f"/api/v1/namespaces/{origin[ns]}/{plural}/{obj_name}")
+                    except NotFound:
+                        continue
+                    copy = reflect.copy_of(source, namespace=ns, instance=self.instance)
+                    if not reflect.same_content(obj, copy):
+                        copy["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+                        with contextlib.suppress(Conflict, NotFound):
+                            await client.replace(path, copy)
+            listed = await client.list("/api/v1/services", params=selector)
+            for svc in listed["items"]:
+                ns = svc["metadata"]["namespace"]
+                members = by_namespace.get(ns, [])
+                in_use = any(reflect.headless_services_for(p["metadata"].get("labels") or {}, [svc]) for p in members)
+                if not in_use and _age(svc) > GC_MIN_AGE:
+                    with contextlib.suppress(NotFound):
+                        await client.delete(f"/api/v1/namespaces/{ns}/services/{svc['metadata']['name']}")
+
+    async def run(self, *, interval: float = 3.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.collect_garbage()
+            except ApiError as exc:
+                self._log.warning("reflected objects not collected", error=str(exc))
 
     async def _create_gang_object(self, job: Job, member: str) -> None:
         entry = self._members()[member]

@@ -29,6 +29,7 @@ from federation.config import CapacityConfig, FederationConfig, MemberConfig
 from federation.dispatch import Dispatcher, MemberPods
 from federation.watch import MemberWatcher
 from vkprovider import logs
+from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
@@ -424,10 +425,14 @@ class FederationProvider:
         """Start the configured members, follow MemberCluster objects, publish capacity."""
         self._client = client
         self.dispatcher.front = client
+        self.dispatcher.events = EventRecorder(client, component="vkprovider-federation", host=self.node_name)
         for member in self.config.members:
             access = load_kubeconfig(member.kubeconfig) if member.kubeconfig else None
             self.add_member(member, access)
-        tasks = [asyncio.create_task(self._publish_loop(), name="federation/publish")]
+        tasks = [
+            asyncio.create_task(self._publish_loop(), name="federation/publish"),
+            asyncio.create_task(self.dispatcher.run(), name="federation/reflected-gc"),
+        ]
         if self.config.member_objects:
             tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
         else:

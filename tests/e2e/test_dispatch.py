@@ -275,3 +275,56 @@ async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: Ku
         await eventually(gone_everywhere, timeout=30, what="the pod gone from the front end and the member")
     finally:
         await delete_namespace(offline, ns)
+
+
+async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: KubeClient, provider: VkProcess) -> None:
+    ns = await make_namespace(offline, f"deps-{uuid.uuid4().hex[:6]}")
+    try:
+        await offline.create(
+            f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "settings"}, "data": {"lr": "0.1"}}
+        )
+        secret = {"metadata": {"name": "token"}, "type": "Opaque", "data": {"key": "c2VjcmV0"}}
+        await offline.create(f"/api/v1/namespaces/{ns}/secrets", secret)
+        body = gang_pod("user", provider.node, "none", 0)
+        del body["spec"]["schedulingGroup"]
+        body["metadata"]["labels"] = {"app": "trainer"}
+        container = body["spec"]["containers"][0]
+        container["resources"] = {"requests": {"cpu": "1"}}
+        container["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+        container["volumeMounts"] = [{"name": "token", "mountPath": "/var/run/token"}]
+        body["spec"]["volumes"] = [{"name": "token", "secret": {"secretName": "token"}}]
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+        async def placed() -> str | None:
+            item = await offline.get(f"/api/v1/namespaces/{ns}/pods/user")
+            member = (item["metadata"].get("annotations") or {}).get("vkprovider.io/member")
+            return member if member and item["status"].get("phase") == "Running" else None
+
+        member = await eventually(placed, what="the pod running in a member")
+        async with lab.client(member) as client:
+            copy = await client.get(f"/api/v1/namespaces/{ns}/configmaps/settings")
+            assert copy["data"] == {"lr": "0.1"}
+            secret_copy = await client.get(f"/api/v1/namespaces/{ns}/secrets/token")
+            assert secret_copy["data"] == {"key": "c2VjcmV0"}
+            # Kept in sync with the front end.
+            await offline.patch(f"/api/v1/namespaces/{ns}/configmaps/settings", {"data": {"lr": "0.05"}})
+
+            async def synced() -> bool:
+                item = await client.get(f"/api/v1/namespaces/{ns}/configmaps/settings")
+                return bool(item["data"] == {"lr": "0.05"})
+
+            await eventually(synced, timeout=20, what="the copy updated")
+            await offline.delete(f"/api/v1/namespaces/{ns}/pods/user", params={"gracePeriodSeconds": 0})
+
+            async def copies_gone() -> bool:
+                cms = await client.list(
+                    f"/api/v1/namespaces/{ns}/configmaps", params={"labelSelector": "vkprovider.io/reflected=true"}
+                )
+                secrets = await client.list(
+                    f"/api/v1/namespaces/{ns}/secrets", params={"labelSelector": "vkprovider.io/reflected=true"}
+                )
+                return not cms["items"] and not secrets["items"]
+
+            await eventually(copies_gone, timeout=60, what="reflected copies removed with the last pod")
+    finally:
+        await delete_namespace(offline, ns)
