@@ -401,7 +401,7 @@ class Dispatcher:
                 # to the job's member on its own, as capacity allows.
                 await self._create_member_pod(job, pod, pinned, in_gang=key in job.core)
                 return
-            if pinned and (not job.gang.is_gang or len(job.pods) >= job.gang.min_member):
+            if pinned and (not job.gang.is_gang or self._known_pods(job, pinned) >= job.gang.min_member):
                 # Pinned before a restart: finish the dispatch in the same member.
                 job.member = pinned
                 job.core = set(job.pods)
@@ -419,6 +419,20 @@ class Dispatcher:
             if job.ready_at is None:
                 job.ready_at = time.monotonic()
             await self._dispatch(job)
+
+    def _known_pods(self, job: Job, member: str) -> int:
+        """Pods of the job bound here or already in the member (after a restart, pods that
+        reached the member are adopted without passing through `create`)."""
+        pods = self.pods_in(member)
+        there = set()
+        if pods is not None:
+            label = forge.job_hash(job.ref)
+            there = {
+                k
+                for k, p in pods.by_origin.items()
+                if (p["metadata"].get("labels") or {}).get(forge.JOB_LABEL) == label
+            }
+        return len(set(job.pods) | there)
 
     def _core(self, job: Job) -> list[str]:
         """The pods that leave as the gang: its minimum, highest roles first (PS, then

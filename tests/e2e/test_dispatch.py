@@ -328,3 +328,54 @@ async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: Kube
             await eventually(copies_gone, timeout=60, what="reflected copies removed with the last pod")
     finally:
         await delete_namespace(offline, ns)
+
+
+async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    import random
+
+    proc = federation_vk(lab, tmp_path, lab.members)
+    proc.start()
+    await proc.wait_ready()
+    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    rng = random.Random(32)
+    try:
+        for trial in range(10):
+            ns = await make_namespace(offline, f"kill{trial}-{uuid.uuid4().hex[:5]}")
+            job = JobRef(ns, "native", "g32")
+            annotations = {"vkprovider.io/gang-timeout-seconds": "20"}
+            await offline.create(
+                f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("g32", 32, annotations)
+            )
+            creating = asyncio.gather(
+                *(
+                    offline.create(f"/api/v1/namespaces/{ns}/pods", gang_pod(f"w{i:02d}", proc.node, "g32", 1))
+                    for i in range(32)
+                )
+            )
+            await asyncio.sleep(rng.uniform(0.2, 2.5))
+            proc.kill()
+            await creating
+            proc.start()
+            await proc.wait_ready(timeout=60)
+
+            async def converged(ns: str = ns) -> bool:
+                items = await pods(offline, ns)
+                return len(items) == 32 and all(p["status"].get("phase") == "Running" for p in items)
+
+            await eventually(converged, timeout=90, what=f"trial {trial}: the 32-pod gang running")
+            placed: dict[str, list[str]] = {}
+            for member in lab.members:
+                async with lab.client(member) as client:
+                    found = await client.list(
+                        "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
+                    )
+                placed[member] = [p["metadata"]["name"] for p in found["items"]]
+            holders = [m for m, names in placed.items() if names]
+            assert len(holders) == 1, f"trial {trial}: gang split across {holders}"
+            names = placed[holders[0]]
+            assert sorted(names) == sorted(set(names)) and len(names) == 32, f"trial {trial}: duplicates or missing"
+            await delete_namespace(offline, ns)
+    finally:
+        proc.ensure_stopped()
