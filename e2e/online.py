@@ -142,7 +142,9 @@ async def _wait_running(client: KubeClient, name: str, replicas: int, timeout: f
         pods = (await client.list(f"/api/v1/namespaces/{NAMESPACE}/pods", params={"labelSelector": selector}))["items"]
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         running = sum(1 for p in live if p.get("status", {}).get("phase") == "Running")
-        if running == replicas and len(live) == replicas:
+        # Settled: the replicas run and the ones scaled away are gone (terminating pods still
+        # hold their nodes).
+        if running == replicas and len(pods) == replicas:
             return running
         if time.monotonic() > deadline:
             raise LoadError(f"online/{name}: {running} of {replicas} replicas running after {timeout:.0f}s")

@@ -365,10 +365,14 @@ class Dispatcher:
         with contextlib.suppress(NotFound):
             await client.delete(f"/apis/{api_version}/namespaces/{namespace}/{plural}/{forge.gang_name(job.ref)}")
 
-    async def _pin(self, job: Job, member: str | None) -> None:
-        """Record the job's member on its front-end pods (None: unpin)."""
+    async def _pin(self, job: Job, member: str | None, *, only: str | None = None) -> None:
+        """Record the job's member on its front-end pods (None: unpin; `only`: just that pod)."""
         assert self.front is not None
         for key, pod in list(job.pods.items()):
+            if only is not None and key != only:
+                continue
+            if only is not None and (pod["metadata"].get("annotations") or {}).get(PIN) == member:
+                continue
             namespace, name = key.split("/", 1)
             patch = {"metadata": {"annotations": {PIN: member}}}
             try:
@@ -399,7 +403,8 @@ class Dispatcher:
             if pinned and job.dispatched_at is not None:
                 # An elastic pod beyond the gang's minimum (or a plain job's next pod): it goes
                 # to the job's member on its own, as capacity allows.
-                await self._create_member_pod(job, pod, pinned, in_gang=key in job.core)
+                await self._pin(job, pinned, only=key)
+                await self._create_member_pod(job, job.pods[key], pinned, in_gang=key in job.core)
                 return
             if pinned and (not job.gang.is_gang or self._known_pods(job, pinned) >= job.gang.min_member):
                 # Pinned before a restart: finish the dispatch in the same member.

@@ -499,10 +499,18 @@ class FederationProvider:
         if not await self.dispatcher.delete(pod):
             raise ProviderNotFound("no member runs this pod")
 
+    def _unknown_yet(self) -> None:
+        """An absent pod means lost only once every member's pod list is known: before that
+        (just after a restart, or while a member is unreachable) absence proves nothing."""
+        waiting = [n for n, m in self.members.items() if m.pods is not None and not m.pods.synced.is_set()]
+        if waiting:
+            raise ProviderError(f"pods of members {', '.join(sorted(waiting))} are not known yet")
+
     async def get_pod(self, namespace: str, name: str) -> Pod | None:
         key = f"{namespace}/{name}"
         front, status = self.dispatcher.status(key)
         if status is None:
+            self._unknown_yet()
             return None
         if front is None:
             found = self.dispatcher.member_pod(key)
@@ -512,7 +520,10 @@ class FederationProvider:
         return pod
 
     async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
-        return self.dispatcher.status(f"{namespace}/{name}")[1]
+        status = self.dispatcher.status(f"{namespace}/{name}")[1]
+        if status is None:
+            self._unknown_yet()
+        return status
 
     async def list_pods(self) -> list[Pod]:
         """Our member pods, as the front-end pods they run (this instance's only)."""

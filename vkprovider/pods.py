@@ -273,16 +273,21 @@ class PodController:
     async def _sync_deleting(self, key: str, pod: Pod) -> None:
         namespace, name = split_key(key)
         uid = pod["metadata"].get("uid")
-        remote = await self._provider.get_pod(namespace, name)
-        gone = remote is None or remote["metadata"].get("uid") != uid
-        if not gone:
-            try:
-                await self._provider.delete_pod(pod)
-            except ProviderNotFound:
-                gone = True
-            else:
-                remote = await self._provider.get_pod(namespace, name)
-                gone = remote is None or remote["metadata"].get("uid") != uid
+        try:
+            remote = await self._provider.get_pod(namespace, name)
+            gone = remote is None or remote["metadata"].get("uid") != uid
+            if not gone:
+                try:
+                    await self._provider.delete_pod(pod)
+                except ProviderNotFound:
+                    gone = True
+                else:
+                    remote = await self._provider.get_pod(namespace, name)
+                    gone = remote is None or remote["metadata"].get("uid") != uid
+        except ProviderError as exc:
+            # The provider cannot tell now; the grace period still bounds the wait.
+            self._log.info("provider cannot confirm a deletion yet", pod=key, error=str(exc))
+            gone = False
         remaining = _seconds_until(pod["metadata"]["deletionTimestamp"])
         if not gone and remaining > 0:
             assert self.queue is not None

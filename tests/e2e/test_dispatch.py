@@ -78,6 +78,22 @@ def pod_group(name: str, min_count: int, annotations: dict[str, str]) -> dict[st
     }
 
 
+async def cleanup(lab: Lab, offline: KubeClient, ns: str) -> None:
+    """Delete the namespace and wait for its pods to go (the provider deletes their member
+    pods meanwhile), then drop the member namespaces: later tests start from clean members."""
+    await delete_namespace(offline, ns)
+
+    async def gone() -> bool:
+        return not await pods(offline, ns)
+
+    try:
+        await eventually(gone, timeout=60, what=f"pods of {ns} gone")
+    finally:
+        for member in lab.members:
+            async with lab.client(member) as client:
+                await delete_namespace(client, ns)
+
+
 class MemberWatch:
     """Every pod and PodGroup of a job seen in the members during a test."""
 
@@ -153,7 +169,7 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
         assert watch.seen == {"member-1": set(), "member-3": set()}, "other members saw the gang"
     finally:
         await watch.stop()
-        await delete_namespace(offline, ns)
+        await cleanup(lab, offline, ns)
 
 
 async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
@@ -183,7 +199,7 @@ async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
         assert all(not seen for seen in watch.seen.values()), f"a member saw part of the gang: {watch.seen}"
     finally:
         await watch.stop()
-        await delete_namespace(offline, ns)
+        await cleanup(lab, offline, ns)
 
 
 @pytest.mark.parametrize("dialect", ["scheduler-plugins", "volcano"])
@@ -246,7 +262,7 @@ async def test_other_gang_dialects_at_the_front_end(
         members = {p["metadata"]["annotations"]["vkprovider.io/member"] for p in await pods(offline, ns)}
         assert len(members) == 1
     finally:
-        await delete_namespace(offline, ns)
+        await cleanup(lab, offline, ns)
 
 
 async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: KubeClient, provider: VkProcess) -> None:
@@ -274,7 +290,7 @@ async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: Ku
 
         await eventually(gone_everywhere, timeout=30, what="the pod gone from the front end and the member")
     finally:
-        await delete_namespace(offline, ns)
+        await cleanup(lab, offline, ns)
 
 
 async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: KubeClient, provider: VkProcess) -> None:
@@ -327,7 +343,7 @@ async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: Kube
 
             await eventually(copies_gone, timeout=60, what="reflected copies removed with the last pod")
     finally:
-        await delete_namespace(offline, ns)
+        await cleanup(lab, offline, ns)
 
 
 async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
@@ -376,6 +392,56 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
             assert len(holders) == 1, f"trial {trial}: gang split across {holders}"
             names = placed[holders[0]]
             assert sorted(names) == sorted(set(names)) and len(names) == 32, f"trial {trial}: duplicates or missing"
-            await delete_namespace(offline, ns)
+            await cleanup(lab, offline, ns)
     finally:
         proc.ensure_stopped()
+
+
+async def test_elastic_job_starts_its_minimum_then_grows_as_online_load_falls(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    from e2e import online
+
+    # Online services hold whole machines of member-1 (90-core replicas): 16 of 20 nodes busy.
+    kubeconfig = lab.kubeconfig("member-1")
+    machine = 90.0
+
+    async def online_replicas(count: int) -> None:
+        await online.set_load(kubeconfig, cpu_share=count * machine / 1900, pod_cpu=machine, wait=True, name="machines")
+
+    await online_replicas(16)
+    proc = federation_vk(lab, tmp_path, lab.members)
+    proc.overrides["provider.federation"]["members"][0]["weight"] = 10  # prefer member-1
+    proc.start()
+    await proc.wait_ready()
+    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    ns = await make_namespace(offline, f"elastic-{uuid.uuid4().hex[:6]}")
+    try:
+        await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("ring", 4, {}))
+        for i in range(12):
+            body = gang_pod(f"r{i:02d}", proc.node, "ring", 0)
+            body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "60"}}
+            await offline.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+        async def running_count() -> int:
+            return sum(1 for p in await pods(offline, ns) if p["status"].get("phase") == "Running")
+
+        async def exactly(n: int) -> bool:
+            return await running_count() == n
+
+        await eventually(lambda: exactly(4), timeout=60, what="the minimum of 4 running together")
+        await asyncio.sleep(3)
+        assert await running_count() == 4  # no room for more while online load is high
+        for step, replicas in enumerate(range(15, 7, -1), start=1):
+            await online_replicas(replicas)
+            await eventually(
+                lambda n=4 + step: exactly(n), timeout=60, what=f"{4 + step} workers after a machine freed"
+            )
+        members = {p["metadata"]["annotations"]["vkprovider.io/member"] for p in await pods(offline, ns)}
+        assert members == {"member-1"}
+        async with lab.client("member-1") as client:
+            assert len(await pods(client, ns)) == 12
+    finally:
+        await cleanup(lab, offline, ns)
+        proc.ensure_stopped()
+        await online_replicas(0)
