@@ -35,6 +35,13 @@ PIN = forge.MEMBER
 GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
 
 
+def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
+    namespace, _, name = key.partition("/")
+    uid = ((member_pod or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
+    spec = (member_pod or {}).get("spec") or {"containers": []}
+    return {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": spec}
+
+
 def _age(obj: dict[str, Any]) -> float:
     created = (obj.get("metadata") or {}).get("creationTimestamp")
     if not created:
@@ -133,12 +140,17 @@ class Dispatcher:
         members: Callable[[], dict[str, Any]],
         capacities: Callable[[], dict[str, MemberCapacity]],
         notify: Callable[[str], None],
+        lost: Callable[[str], bool] = lambda member: False,
     ) -> None:
         self.instance = instance
         self._members = members  # name -> provider Member (config + pods watcher)
         self._capacities = capacities
         self._notify = notify
+        self._lost = lost
         self.jobs: dict[str, Job] = {}
+        #: Where each pod was last seen running (front-end ns/name -> member), so a pod whose
+        #: member is removed or lost fails with that reason instead of vanishing.
+        self.placed: dict[str, str] = {}
         self.job_of_pod: dict[str, str] = {}  # ns/name -> job key
         self.front: KubeClient | None = None
         self.events: EventRecorder | None = None
@@ -200,6 +212,17 @@ class Dispatcher:
             await client.create(
                 "/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {forge.MANAGED: "true"}}}
             )
+        # The member's admission refuses pods until the namespace's service account exists (its
+        # controller manager creates it moments after the namespace).
+        account = self._members()[member].config.service_account
+        for _ in range(150):
+            try:
+                await client.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}")
+                break
+            except NotFound:
+                await asyncio.sleep(0.1)
+        else:
+            raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
         if pods is not None:
             pods.namespaces.add(namespace)
 
@@ -543,7 +566,16 @@ class Dispatcher:
         pod = job.pods.get(key) if job else None
         found = self.member_pod(key)
         if found is not None:
-            return pod, forge.status_from_member(found[1])
+            member, member_pod = found
+            self.placed[key] = member
+            if self._lost(member):
+                message = f"member {member} has been unreachable past the grace; the pod is not moved"
+                return pod, failed_status(pod or _stub(key, member_pod), reason="MemberLost", message=message)
+            return pod, forge.status_from_member(member_pod)
+        gone_from = self.placed.get(key)
+        if gone_from is not None and gone_from not in self._members():
+            message = f"member {gone_from} was removed; the pod is not moved to another member"
+            return pod, failed_status(pod or _stub(key, None), reason="MemberRemoved", message=message)
         if job is None or pod is None:
             return None, None
         if job.failed == "GangTimeout":
@@ -570,7 +602,8 @@ class Dispatcher:
         found = self.member_pod(key)
         if found is None:
             self.job_of_pod.pop(key, None)
-            return job is not None
+            removed = self.placed.pop(key, None) is not None
+            return job is not None or removed
         member, member_pod = found
         client = self.pods_in(member).client  # type: ignore[union-attr]
         if client is None:

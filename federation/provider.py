@@ -161,6 +161,7 @@ class FederationProvider:
             members=lambda: {n: m for n, m in self.members.items() if m.config.enabled and m.pods is not None},
             capacities=lambda: {n: m.summary for n, m in self.members.items() if m.summary is not None and m.reachable},
             notify=self._pod_changed,
+            lost=lambda name: name in self.members and not self.members[name].reachable,
         )
         #: Set once the configured members are added and MemberCluster objects listed.
         self.started = asyncio.Event()
@@ -290,7 +291,13 @@ class FederationProvider:
             if not member.config.enabled:
                 member.summary = None
                 continue
-            member.reachable = member.source.unreachable_for() <= self.config.unreachable_grace
+            reachable = member.source.unreachable_for() <= self.config.unreachable_grace
+            if reachable != member.reachable:
+                # The member's pods change fate (MemberLost) or come back: have them re-synced.
+                for key, placed in list(self.dispatcher.placed.items()):
+                    if placed == member.name:
+                        self._pod_changed(key)
+            member.reachable = reachable
             if member.source.synced.is_set():
                 member.summary = member.source.summarize(member.config.capacity.policy())
                 member.summary.reachable = member.reachable
