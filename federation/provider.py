@@ -479,7 +479,17 @@ class FederationProvider:
                     "conditions": status.conditions,
                     "members": [m.name for m in self._members_of(node)],
                 }
-        return {"members": members, "virtualNodes": nodes}
+        jobs = {}
+        for key, job in sorted(self.dispatcher.jobs.items()):
+            state = job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
+            jobs[key] = {
+                "member": job.member,
+                "pods": len(job.pods),
+                "gangMin": job.gang.min_member,
+                "state": state,
+                "networkPod": job.place.network_pod if job.place else None,
+            }
+        return {"members": members, "virtualNodes": nodes, "jobs": jobs}
 
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 

@@ -72,7 +72,22 @@ def render(view: dict[str, Any]) -> str:
                 reach.get("status", "-") + (f" ({reach.get('message')})" if reach.get("status") == "False" else ""),
             ]
         )
-    return _table(members) + "\n\n" + _table(nodes)
+    text = _table(members) + "\n\n" + _table(nodes)
+    jobs = [["JOB", "MEMBER", "PODS", "GANG MIN", "STATE", "NETWORK POD"]]
+    for key, job in view.get("jobs", {}).items():
+        jobs.append(
+            [
+                key,
+                job.get("member") or "-",
+                str(job.get("pods", 0)),
+                str(job.get("gangMin", 1)),
+                job.get("state", "-"),
+                job.get("networkPod") or "-",
+            ]
+        )
+    if len(jobs) > 1:
+        text += "\n\n" + _table(jobs)
+    return text
 
 
 def main(url: str) -> int:

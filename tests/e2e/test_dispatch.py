@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from functools import partial
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -434,9 +435,8 @@ async def test_elastic_job_starts_its_minimum_then_grows_as_online_load_falls(
         assert await running_count() == 4  # no room for more while online load is high
         for step, replicas in enumerate(range(15, 7, -1), start=1):
             await online_replicas(replicas)
-            await eventually(
-                lambda n=4 + step: exactly(n), timeout=60, what=f"{4 + step} workers after a machine freed"
-            )
+            wanted = 4 + step
+            await eventually(partial(exactly, wanted), timeout=60, what=f"{wanted} workers after a machine freed")
         members = {p["metadata"]["annotations"]["vkprovider.io/member"] for p in await pods(offline, ns)}
         assert members == {"member-1"}
         async with lab.client("member-1") as client:
