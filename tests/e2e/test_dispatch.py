@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from functools import partial
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
