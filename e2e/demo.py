@@ -1,10 +1,10 @@
 """`make demo`: the product on the lab.
 
-Today the virtual kubelet runs with the in-memory provider on the lab's front-end cluster (the
-federation provider that sends pods to members comes next): a virtual node registers, a
-Deployment lands on it, its pods run and log through `kubectl`. Member-1's online load shows
-the tide the federation provider will follow. Everything keeps running afterwards (`make down`
-stops it).
+vkprovider runs with the federation provider in pooled mode over the three members: one virtual
+node in the offline cluster shows what the members can lend. Then come a PS-worker gang (2 PS +
+4 V100 workers, same network pod), an elastic ring-allreduce job (minimum 4 of 8 workers) and
+plain pods. Each job is pinned to one member; the status tables show capacity, jobs and pins.
+Everything keeps running afterwards (`make down` stops it).
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from e2e import binaries, online, state, status
 from e2e import lab as lab_mod
+from vkprovider import status as vk_status
 from vkprovider.kube import AlreadyExists, ApiError, KubeClient, load_kubeconfig
 
-NODE = "vk-demo"
+NODE = "vk-pool"
 PORT = 10250
+HEALTH = 10255
+NS = "demo"
+V100 = "Tesla-V100-SXM2-32GB"
+TOLERATE = [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
 
 
 def _pid_file(state_dir: Path) -> Path:
@@ -50,6 +58,106 @@ def _kubectl(lab: state.LabState, *args: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60).stdout
 
 
+def _pod(name: str, *, priority_class: str, requests: dict[str, str], **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeSelector": {"type": "virtual-kubelet"},
+        "tolerations": TOLERATE,
+        "priorityClassName": priority_class,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example/trainer:1",
+                "resources": {"requests": requests, "limits": {k: v for k, v in requests.items() if "/" in k}},
+            }
+        ],
+    }
+    spec.update(extra.pop("spec", {}))
+    return {"metadata": {"name": name, **extra}, "spec": spec}
+
+
+def _group(name: str, min_count: int, annotations: dict[str, str]) -> dict[str, Any]:
+    # A native gang's pods share its priority (the scheduler refuses mixed ones), so roles are
+    # told by the vkprovider.io/role label rather than by priority bands here.
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}, "priorityClassName": "train-worker-min"},
+    }
+
+
+async def _submit_jobs(client: KubeClient) -> None:
+    with contextlib.suppress(AlreadyExists):
+        await client.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+    for _ in range(100):
+        try:
+            await client.get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")
+            break
+        except ApiError:
+            await asyncio.sleep(0.1)
+    for name, value in (("train-worker-min", 1500), ("train-worker-max", 500)):
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        with contextlib.suppress(AlreadyExists):
+            await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
+    groups = f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NS}/podgroups"
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    objects: list[tuple[str, dict[str, Any]]] = [
+        # PS-worker: 2 parameter servers and 4 V100 workers, all in one network pod.
+        (groups, _group("ps-worker", 6, {"vkprovider.io/same-network-pod": "true", "vkprovider.io/gpu-model": V100})),
+        *(
+            (
+                pods,
+                _pod(
+                    f"ps-{i}",
+                    priority_class="train-worker-min",
+                    requests={"cpu": "8", "memory": "32Gi"},
+                    labels={"vkprovider.io/role": "ps"},
+                    spec={"schedulingGroup": {"podGroupName": "ps-worker"}},
+                ),
+            )
+            for i in range(2)
+        ),
+        *(
+            (
+                pods,
+                _pod(
+                    f"worker-{i}",
+                    priority_class="train-worker-min",
+                    requests={"cpu": "8", "nvidia.com/gpu": "1"},
+                    spec={"schedulingGroup": {"podGroupName": "ps-worker"}},
+                ),
+            )
+            for i in range(4)
+        ),
+        # Elastic ring-allreduce: at least 4 workers, up to 8.
+        (groups, _group("ring", 4, {})),
+        *(
+            (
+                pods,
+                _pod(
+                    f"ring-{i}",
+                    priority_class="train-worker-min",
+                    requests={"cpu": "16", "memory": "64Gi"},
+                    labels={"vkprovider.io/role": "worker-min" if i < 4 else "worker-max"},
+                    spec={"schedulingGroup": {"podGroupName": "ring"}},
+                ),
+            )
+            for i in range(8)
+        ),
+        # Plain batch pods.
+        *((pods, _pod(f"etl-{i}", priority_class="train-worker-max", requests={"cpu": "2"})) for i in range(3)),
+    ]
+    for path, body in objects:
+        with contextlib.suppress(AlreadyExists):
+            await client.create(path, body)
+
+
 async def demo(state_dir: Path) -> None:
     state_dir = state_dir.resolve()
     existing = state.load(state_dir) if (state_dir / "state.json").exists() else None
@@ -57,64 +165,51 @@ async def demo(state_dir: Path) -> None:
         lab = existing
         print(f"reusing the lab running in {state_dir}")
     else:
-        print("starting the lab: offline + 3 members x 20 simulated nodes")
+        print("starting the lab: offline + 3 members x 20 simulated nodes (cpu, gpu-v100, gpu-t4)")
         lab = await lab_mod.up(state_dir, lab_mod.LabSpec(members=3, nodes_per_member=20))
     print(await status.table(lab))
+    await online.set_load(lab.kubeconfig("member-1"), cpu_share=0.3, wait=True, name="web")
+    print("\nonline load in member-1: 30 % of its CPU")
 
     stop_runtime(state_dir)
-    config = state_dir / "vkprovider.yaml"
-    config.write_text(lab_mod.provider_config(lab, "memory", node=NODE, port=PORT))
+    config = yaml.safe_load(lab_mod.provider_config(lab, "federation", node=NODE, port=PORT))
+    config["http"]["health_port"] = HEALTH
+    config["log"] = {"format": "json"}
+    config_path = state_dir / "vkprovider.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log = open(state_dir / "logs" / "vkprovider.log", "ab")  # noqa: SIM115 - handed to the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vkprovider.cli", "run", "--config", str(config), "--set", "log.format=json"],
+        [sys.executable, "-m", "vkprovider.cli", "run", "--config", str(config_path)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     _pid_file(state_dir).write_text(str(proc.pid))
-    print(f"\nvkprovider started (pid {proc.pid}, log {state_dir}/logs/vkprovider.log)")
+    print(f"vkprovider started with the federation provider (pid {proc.pid}, log {state_dir}/logs/vkprovider.log)")
+
+    url = f"http://127.0.0.1:{HEALTH}"
+    for _ in range(300):
+        try:
+            view = vk_status.fetch(url)
+            if len(view.get("members", {})) == 3 and all("lendable" in m for m in view["members"].values()):
+                break
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    print("\n$ vkprovider status   # what the members can lend")
+    print(vk_status.render(vk_status.fetch(url)))
 
     async with KubeClient(load_kubeconfig(lab.kubeconfig("offline"))) as client:
-        for _ in range(100):
-            try:
-                node = await client.get(f"/api/v1/nodes/{NODE}")
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]):
-                    break
-            except ApiError:  # not registered yet
-                pass
+        await _submit_jobs(client)
+        for _ in range(150):
+            items = (await client.list(f"/api/v1/namespaces/{NS}/pods"))["items"]
+            if sum(1 for p in items if p["status"].get("phase") == "Running") >= 17:
+                break
             await asyncio.sleep(0.2)
-        deployment = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "batch-demo"},
-            "spec": {
-                "replicas": 10,
-                "selector": {"matchLabels": {"app": "batch-demo"}},
-                "template": {
-                    "metadata": {"labels": {"app": "batch-demo"}},
-                    "spec": {
-                        "nodeSelector": {"type": "virtual-kubelet"},
-                        "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
-                        "containers": [{"name": "worker", "image": "example/trainer:1"}],
-                    },
-                },
-            },
-        }
-        with contextlib.suppress(AlreadyExists):
-            await client.create("/apis/apps/v1/namespaces/default/deployments", deployment)
-        await asyncio.sleep(4)
-    print("\n$ kubectl get nodes")
-    print(_kubectl(lab, "get", "nodes", "-l", "type=virtual-kubelet", "-o", "wide"))
-    print("$ kubectl get pods -o wide")
-    print(_kubectl(lab, "get", "pods", "-l", "app=batch-demo", "-o", "wide"))
-    pods = _kubectl(lab, "get", "pods", "-l", "app=batch-demo", "-o", "name").split()
-    if pods:
-        print(f"$ kubectl logs {pods[0]} --tail 3")
-        print(_kubectl(lab, "logs", pods[0], "--tail", "3"))
-
-    for share in (0.2, 0.6, 0.3):
-        result = await online.set_load(lab.kubeconfig("member-1"), cpu_share=share, wait=True, name="web")
-        print(f"online tide in member-1 -> {result.describe()}")
+    print(f"\n$ kubectl -n {NS} get pods -o wide   # all bound to the one virtual node")
+    print(_kubectl(lab, "-n", NS, "get", "pods", "-o", "wide"))
+    print("$ vkprovider status   # capacity now, and where each job was pinned")
+    print(vk_status.render(vk_status.fetch(url)))
     print()
     print(await status.table(lab))
     print(f"\nall of it keeps running; kubeconfigs in {state_dir}/kubeconfig/, stop it with `make down`")
