@@ -47,6 +47,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.lab_up
 	$(BIN)/python -m bench.runtime_pods
 	$(BIN)/python -m bench.capacity_scale
+	$(BIN)/python -m bench.dispatch
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, TypedDict
 
 import aiohttp
+import orjson
 
 from vkprovider.kube.access import ClusterAccess
 from vkprovider.kube.errors import ApiError, Unreachable, error_for
@@ -97,7 +98,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         """One request; the decoded JSON answer, or an ApiError subclass."""
         self.calls[method] += 1
-        data = None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
+        data = None if body is None else (body if isinstance(body, (bytes, str)) else orjson.dumps(body))
         client_timeout = self._timeout if timeout is None else aiohttp.ClientTimeout(total=timeout, sock_connect=5.0)
         try:
             async with self._session.request(
@@ -108,9 +109,10 @@ class KubeClient:
                 headers=self._headers(content_type if data is not None else None),
                 timeout=client_timeout,
             ) as resp:
-                text = await resp.text()
-                decoded = _decode(text)
+                raw = await resp.read()
+                decoded = _decode(raw)
                 if resp.status >= 400:
+                    text = raw.decode(errors="replace")
                     raise error_for(resp.status, decoded, text, resp.headers.get("Retry-After"))
                 return decoded or {}
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -231,18 +233,18 @@ class KubeClient:
             await asyncio.sleep(0.2)
 
 
-def _decode(text: str) -> dict[str, Any] | None:
+def _decode(text: str | bytes) -> dict[str, Any] | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
 
 
 def _watch_event(line: bytes) -> WatchEvent:
-    event = json.loads(line)
+    event = orjson.loads(line)
     obj = event.get("object") or {}
     if event.get("type") == "ERROR":
         code = int(obj.get("code") or 500)
