@@ -24,7 +24,6 @@ from federation import forge, placement, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
-from federation.jobs import POD as POD_SOURCE
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, Conflict, Gone, KubeClient, NotFound
@@ -488,13 +487,10 @@ class Dispatcher:
         job.member, job.place = choice.member, choice
         job.core = set(core)
         job.role = forge.gang_role([role_of(job.pods[k]) for k in core])  # type: ignore[arg-type]
-        self._log.debug(
+        self._log.info(
             "dispatching job", job=job.ref.key, member=choice.member, pods=len(core), network_pod=choice.network_pod
         )
-        if job.ref.source != POD_SOURCE:
-            # The pin binds the job's later pods; a bare pod is its own job, and its member
-            # pod's labels already say where it runs.
-            await self._pin(job, choice.member)
+        await self._pin(job, choice.member)
         if job.gang.is_gang:
             await self._create_gang_object(job, choice.member)
         limit = asyncio.Semaphore(64)

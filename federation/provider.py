@@ -461,9 +461,7 @@ class FederationProvider:
                 "enabled": member.config.enabled,
                 "reachable": member.reachable,
                 "source": member.config.source,
-                "unreachableFor": None
-                if member.source.unreachable_for() == float("inf")
-                else round(member.source.unreachable_for(), 1),
+                "unreachableFor": None if member.reachable else round(member.source.unreachable_for(), 1),
                 "lastError": member.source.last_error,
             }
             if member.summary is not None:

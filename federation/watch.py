@@ -41,6 +41,7 @@ class MemberWatcher:
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
         self.last_contact: float | None = None  # monotonic time of the last answer
+        self._started = time.monotonic()
         self.last_contact_wall: float | None = None
         self.last_error: str | None = None
         self.client: KubeClient | None = None
@@ -52,10 +53,10 @@ class MemberWatcher:
         self.last_error = None
 
     def unreachable_for(self) -> float:
-        """Seconds since the member last answered (infinite before the first answer)."""
-        if self.last_contact is None:
-            return float("inf")
-        return time.monotonic() - self.last_contact
+        """Seconds since the member last answered, or since watching began if it never has:
+        a member is not "lost" merely because this process has just started."""
+        since = self.last_contact if self.last_contact is not None else self._started
+        return time.monotonic() - since
 
     async def _loop(
         self,
@@ -119,6 +120,7 @@ class MemberWatcher:
             await asyncio.sleep(self._health_interval)
 
     async def run(self) -> None:
+        self._started = time.monotonic()
         inv = self.inventory
 
         def delete_node(obj: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ class AgentSource:
         self.inventory = Inventory(network_pod_label=config.network_pod_label)
         self._synced = asyncio.Event()
         self._last_contact: float | None = None
+        self._started = time.monotonic()
         self._last_contact_wall: float | None = None
         self._last_error: str | None = None
         self.updates = 0
@@ -55,7 +56,8 @@ class AgentSource:
         return self._last_contact_wall
 
     def unreachable_for(self) -> float:
-        return float("inf") if self._last_contact is None else time.monotonic() - self._last_contact
+        since = self._last_contact if self._last_contact is not None else self._started
+        return time.monotonic() - since
 
     def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
         return self._summarizer.summarize(self.inventory, policy)
@@ -82,6 +84,7 @@ class AgentSource:
         return grpc.aio.insecure_channel(self._address)
 
     async def run(self) -> None:
+        self._started = time.monotonic()
         failures = 0
         while True:
             try:

@@ -381,7 +381,23 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
                 items = await pods(offline, ns)
                 return len(items) == 32 and all(p["status"].get("phase") == "Running" for p in items)
 
-            await eventually(converged, timeout=90, what=f"trial {trial}: the 32-pod gang running")
+            try:
+                await eventually(converged, timeout=90, what=f"trial {trial}: the 32-pod gang running")
+            except AssertionError as exc:
+                states: dict[str, int] = {}
+                for p in await pods(offline, ns):
+                    state = f"{p['status'].get('phase')}/{p['status'].get('reason')}/{bool(p['spec'].get('nodeName'))}"
+                    states[state] = states.get(state, 0) + 1
+                in_members = {}
+                for member in lab.members:
+                    async with lab.client(member) as client:
+                        found = await client.list(
+                            "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
+                        )
+                    in_members[member] = len(found["items"])
+                raise AssertionError(
+                    f"{exc}; front-end pods: {states}; in members: {in_members}; log: {proc.tail(5)}"
+                ) from None
             placed: dict[str, list[str]] = {}
             for member in lab.members:
                 async with lab.client(member) as client:
