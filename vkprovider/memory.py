@@ -288,9 +288,13 @@ class MemoryProvider:
         record = _Record(copy.deepcopy(pod), self._clock())
         self._apply_action(record)
         self._records[key] = record
-        self._save(record)
         if self._db:
-            self._db.execute("INSERT INTO creates VALUES (?, ?)", (record.uid, record.created))
+            # The pod and the record of its creation land together or not at all, so a crash
+            # in between can neither hide a create nor allow a second one.
+            with self._db:
+                self._db.execute("BEGIN")
+                self._save(record)
+                self._db.execute("INSERT INTO creates VALUES (?, ?)", (record.uid, record.created))
         self._schedule(record)
         self._emit(key)
 
