@@ -363,9 +363,14 @@ async def test_provider_failures_lost_and_evicted_pods(offline: KubeClient, vk: 
         item = await eventually(lambda: status_of("retry", "Pending", "ProviderFailed"), what="retry ProviderFailed")
         assert item["status"]["message"] == "backend has no room"
         await eventually(lambda: status_of("never", "Failed", "ProviderFailed"), what="never Failed")
-        events = await offline.list(f"/api/v1/namespaces/{ns}/events")
-        reasons = {(e["involvedObject"]["name"], e["reason"], e["type"]) for e in events["items"]}
-        assert ("retry", "ProviderCreateFailed", "Warning") in reasons
+
+        async def warned() -> bool:
+            # The Event follows the status write; it may land a moment later.
+            events = await offline.list(f"/api/v1/namespaces/{ns}/events")
+            reasons = {(e["involvedObject"]["name"], e["reason"], e["type"]) for e in events["items"]}
+            return ("retry", "ProviderCreateFailed", "Warning") in reasons
+
+        await eventually(warned, timeout=10, what="a ProviderCreateFailed Warning Event")
 
         await eventually(lambda: _both_running(offline, ns), what="lost and evicted pods running")
         for name, action in (("lost", "lose"), ("evicted", "evict")):
