@@ -155,7 +155,19 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
             items = await pods(offline, ns)
             return items if sum(1 for p in items if p["status"].get("phase") == "Running") == 16 else None
 
-        await eventually(all_running, timeout=60, what="16 gang pods running")
+        try:
+            await eventually(all_running, timeout=120, what="16 gang pods running")
+        except AssertionError as exc:
+            front = {
+                p["metadata"]["name"]: (p["status"].get("phase"), p["status"].get("reason"))
+                for p in await pods(offline, ns)
+            }
+            async with lab.client("member-2") as member:
+                there = {
+                    p["metadata"]["name"]: (p["status"].get("phase"), p["spec"].get("nodeName"))
+                    for p in await pods(member, ns)
+                }
+            raise AssertionError(f"{exc}; front end: {states}; member-2: {there}") from None
         async with lab.client("member-2") as member:
             placed = await pods(member, ns)
             nodes = await member.list("/api/v1/nodes")
