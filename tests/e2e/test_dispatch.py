@@ -158,7 +158,7 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
         try:
             await eventually(all_running, timeout=120, what="16 gang pods running")
         except AssertionError as exc:
-            front = {
+            states = {
                 p["metadata"]["name"]: (p["status"].get("phase"), p["status"].get("reason"))
                 for p in await pods(offline, ns)
             }
