@@ -50,23 +50,24 @@ def references(spec: dict[str, Any]) -> tuple[set[str], set[str]]:
     return configmaps - SKIPPED_CONFIGMAPS, secrets
 
 
+def _reflected_meta(meta: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+    """Metadata of any reflected copy: the source's name and labels, plus ours."""
+    labels = {**(meta.get("labels") or {}), forge.MANAGED: "true", REFLECTED: "true", forge.INSTANCE: instance}
+    return {
+        "name": meta.get("name"),
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": {forge.ORIGIN_UID: meta.get("uid", "")},
+    }
+
+
 def copy_of(obj: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
     """The member copy of a front-end ConfigMap or Secret."""
     meta = obj.get("metadata") or {}
     out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": obj.get("kind") or ("Secret" if "type" in obj else "ConfigMap"),
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": namespace,
-            "labels": {
-                **(meta.get("labels") or {}),
-                forge.MANAGED: "true",
-                REFLECTED: "true",
-                forge.INSTANCE: instance,
-            },
-            "annotations": {forge.ORIGIN_UID: meta.get("uid", "")},
-        },
+        "metadata": _reflected_meta(meta, namespace=namespace, instance=instance),
     }
     for field in ("data", "binaryData", "stringData", "type", "immutable"):
         if field in obj:
@@ -95,17 +96,7 @@ def service_copy(svc: dict[str, Any], *, namespace: str, instance: str) -> dict[
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": namespace,
-            "labels": {
-                **(meta.get("labels") or {}),
-                forge.MANAGED: "true",
-                REFLECTED: "true",
-                forge.INSTANCE: instance,
-            },
-            "annotations": {forge.ORIGIN_UID: meta.get("uid", "")},
-        },
+        "metadata": _reflected_meta(meta, namespace=namespace, instance=instance),
         "spec": {
             "clusterIP": "None",
             "selector": spec.get("selector"),
