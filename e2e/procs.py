@@ -36,10 +36,7 @@ def spawn(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None)
 
 
 def _reap(pid: int) -> None:
-    child = _children.get(pid)
-    if child is not None:
-        child.poll()
-        return
+    """Collect `pid` if it is an ended child this process did not start through `spawn`."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
@@ -48,10 +45,12 @@ def alive(pid: int | None, marker: str) -> bool:
     """True while `pid` runs (not a zombie) and its command line contains `marker`."""
     if not pid:
         return False
-    _reap(pid)
     child = _children.get(pid)
-    if child is not None and child.returncode is not None:
-        return False
+    if child is not None:
+        # Our own child: Popen knows. Reading /proc right after spawn can see an empty
+        # cmdline (the exec is not visible yet), which once failed a lab start-up in CI.
+        return child.poll() is None
+    _reap(pid)
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
