@@ -59,4 +59,5 @@ async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lab]:
     try:
         yield Lab(state)
     finally:
-        lab_mod.teardown(state)
+        # From disk: tests restart clusters through the CLI functions, which record new PIDs there.
+        lab_mod.teardown(lab_mod.load_running(state.root))

@@ -417,6 +417,11 @@ def teardown(lab: LabState) -> list[str]:
         stopped += [p.name for p in group if p.pid in ended]
     if lab.etcd and lab.etcd.pid and procs.terminate([lab.etcd.pid], lab.marker):
         stopped.append("etcd")
+    # Processes the state does not name (a restart recorded by another process, a crash
+    # between spawn and save) still carry the lab's paths on their command line.
+    stray = procs.find(lab.marker)
+    if stray:
+        stopped += [f"pid {pid}" for pid in procs.terminate(stray, lab.marker)]
     for proc in lab.all_processes():
         proc.pid = None
     lab.ready = False

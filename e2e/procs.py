@@ -60,6 +60,24 @@ def alive(pid: int | None, marker: str) -> bool:
     return state not in ("Z", "X") and marker in cmdline
 
 
+def find(marker: str) -> list[int]:
+    """PIDs of live processes whose command line contains `marker`, this process and its
+    parent excepted (`python -m e2e up --state DIR` names the lab too)."""
+    skip = {os.getpid(), os.getppid()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
 def exit_code(pid: int) -> int | None:
     """The exit status of a child that has ended, if this process started it and it has ended."""
     child = _children.get(pid)

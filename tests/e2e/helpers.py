@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
+from e2e import procs
 from vkprovider.kube import KubeClient, NotFound
 
 T = TypeVar("T")
@@ -83,15 +82,4 @@ async def pods(client: KubeClient, namespace: str, selector: str | None = None) 
 
 def lab_processes(marker: str) -> list[int]:
     """PIDs of live processes whose command line contains `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return procs.find(marker)
