@@ -10,7 +10,7 @@ each arrives. Reported:
   - a 512-pod gang: from the last pod bound to all 512 created in the member, and to all bound
     there by the member's scheduler.
 Targets (issue 5): at least 70 % of the ceiling's throughput; added p99 under 250 ms at 100/s.
-Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000]`.
+Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--workers N] [--phases burst,paced,gang]`.
 """
 
 from __future__ import annotations
@@ -18,29 +18,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
+import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
+from bench.common import CpuMeter, Profile, Provider, lab_pids, on_lab, per_pod
 from e2e import lab as lab_mod
-from vkprovider.kube import AlreadyExists, ApiError, KubeClient, load_kubeconfig
+from federation import forge
+from federation.config import MemberConfig
+from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, load_kubeconfig
+from vkprovider.settings import PodSettings
 
 MEMBER = "member-1"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+PREFIX = MemberConfig.model_fields["namespace_prefix"].default  # the bench's member uses the default
 
 
 def _pod(name: str, *, node: str | None, group: str | None = None, cpu: str = "100m") -> dict[str, Any]:
@@ -127,132 +122,181 @@ async def _burst(client: KubeClient, namespace: str, bodies: list[dict[str, Any]
     return created
 
 
-async def run(state: Path, count: int, workdir: Path) -> dict[str, Any]:
+async def _provider_ready(session: aiohttp.ClientSession, port: int) -> bool:
+    async with session.get(f"http://127.0.0.1:{port}/capacity") as resp:
+        view = await resp.json()
+    return bool(view.get("members", {}).get(MEMBER, {}).get("lendable"))
+
+
+class Bench:
+    """One provider on the front end with one member; each phase in its own namespace."""
+
+    def __init__(self, front: KubeClient, member: KubeClient, provider: Provider, meter: CpuMeter, node: str) -> None:
+        self.front, self.member, self.provider, self.meter, self.node = front, member, provider, meter, node
+        self.profile: Path | None = None
+
+    async def _clean(self, client: KubeClient, ns: str) -> None:
+        """Delete a phase's namespace and wait until its pods are gone everywhere, so the
+        next phase does not share the machine with this one's deletions."""
+        await client.delete(f"/api/v1/namespaces/{ns}")
+        for _ in range(600):
+            try:
+                await client.get(f"/api/v1/namespaces/{ns}")
+            except NotFound:
+                break
+            await asyncio.sleep(0.2)
+        member_ns = ns if client is self.member else forge.member_namespace(ns, PREFIX)
+        for _ in range(600):
+            if not (await self.member.list(f"/api/v1/namespaces/{member_ns}/pods"))["items"]:
+                break
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)
+
+    async def ceiling(self, count: int) -> dict[str, Any]:
+        """The same client creating the same pods straight in the member."""
+        ns = f"ceil-{uuid.uuid4().hex[:5]}"
+        await _namespace(self.member, ns)
+        async with Arrivals(self.member, ns) as arrivals:
+            self.meter.start()
+            started = time.monotonic()
+            await _burst(self.member, ns, [_pod(f"p{i:05d}", node=None) for i in range(count)])
+            last = await arrivals.wait(count)
+            cores = self.meter.stop()
+        await self._clean(self.member, ns)
+        return {"pods_per_s": round(count / (last - started), 1), "cores": cores}
+
+    async def burst(self, count: int) -> dict[str, Any]:
+        """Bound in the front end, dispatched by the provider, as fast as the client can create."""
+        ns = f"burst-{uuid.uuid4().hex[:5]}"
+        await _namespace(self.front, ns)
+        before = await self.provider.counters()
+        async with Arrivals(self.member, ns) as arrivals:
+            with Profile(self.provider.pid, self.profile):
+                self.meter.start()
+                started = time.monotonic()
+                await _burst(self.front, ns, [_pod(f"p{i:05d}", node=self.node) for i in range(count)])
+                last = await arrivals.wait(count)
+                cores = self.meter.stop()
+        await asyncio.sleep(2)  # status writes that follow the last create
+        after = await self.provider.counters()
+        await self._clean(self.front, ns)
+        return {
+            "pods_per_s": round(count / (last - started), 1),
+            "cores": cores,
+            "per_pod": per_pod(before, after, count),
+        }
+
+    async def paced(self, count: int, rate: float) -> dict[str, Any]:
+        """Offered at `rate` pods/s: added latency per pod, bound in the front end -> in the member."""
+        ns = f"paced-{uuid.uuid4().hex[:5]}"
+        await _namespace(self.front, ns)
+        created: dict[str, float] = {}
+        async with Arrivals(self.member, ns) as arrivals:
+            tasks = []
+            self.meter.start()
+            t0 = time.monotonic()
+            for i in range(count):
+                await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+                body = _pod(f"p{i:05d}", node=self.node)
+
+                async def one(body: dict[str, Any] = body) -> None:
+                    await self.front.create(f"/api/v1/namespaces/{ns}/pods", body)
+                    created[body["metadata"]["name"]] = time.monotonic()
+
+                tasks.append(asyncio.create_task(one(), name=f"bench-create/{i}"))
+            await asyncio.gather(*tasks)
+            await arrivals.wait(count)
+            cores = self.meter.stop()
+            latencies = sorted(arrivals.added[n] - created[n] for n in created)
+        await self._clean(self.front, ns)
+        return {
+            "offered_per_s": rate,
+            "added_ms_p50": round(statistics.median(latencies) * 1000, 1),
+            "added_ms_p99": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1),
+            "cores": cores,
+        }
+
+    async def gang(self, size: int) -> dict[str, Any]:
+        """From the gang's last pod bound in the front end to all created, and all bound, in the member."""
+        ns = f"gang-{uuid.uuid4().hex[:5]}"
+        await _namespace(self.front, ns)
+        group = {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "big"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": size}}},
+        }
+        await self.front.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", group)
+        before = await self.provider.counters()
+        async with Arrivals(self.member, ns) as arrivals:
+            self.meter.start()
+            created = await _burst(
+                self.front, ns, [_pod(f"g{i:04d}", node=self.node, group="big", cpu="1") for i in range(size)]
+            )
+            last_bound = max(created.values())
+            all_created = await arrivals.wait(size)
+            all_bound = await arrivals.wait(size, bound=True)
+            cores = self.meter.stop()
+        await asyncio.sleep(2)  # status writes that follow
+        after = await self.provider.counters()
+        await self._clean(self.front, ns)
+        return {
+            "pods": size,
+            "created_in_member_s": round(all_created - last_bound, 2),
+            "bound_in_member_s": round(all_bound - last_bound, 2),
+            "cores": cores,
+            "per_pod": per_pod(before, after, size),
+        }
+
+
+async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     front_kc, member_kc = state / "kubeconfig" / "offline.yaml", state / "kubeconfig" / f"{MEMBER}.yaml"
     node = f"vk-bench-{uuid.uuid4().hex[:5]}"
-    health = _port()
     config = {
         "kube": {"kubeconfig": str(front_kc)},
         "node": {"name": node, "provider_id": "federation"},
-        "http": {"port": _port(), "health_port": health, "bind": "127.0.0.1", "csr": False},
         "log": {"format": "json", "level": "warning"},
+        "pods": {"workers": args.workers},
         "provider": {
             "type": "federation",
             "federation": {"members": [{"name": MEMBER, "kubeconfig": str(member_kc)}], "publish_interval": 0.2},
         },
     }
-    (workdir / "vk.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vkprovider.cli", "run", "--config", str(workdir / "vk.yaml")],
-        stdout=open(workdir / "vk.log", "wb"),  # noqa: SIM115 - the child's log
-        stderr=subprocess.STDOUT,
-    )
-    result: dict[str, Any] = {"pods": count, "member": MEMBER}
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(300):
-                try:
-                    async with session.get(f"http://127.0.0.1:{health}/capacity") as resp:
-                        view = await resp.json()
-                        if view.get("members", {}).get(MEMBER, {}).get("lendable"):
-                            break
-                except (aiohttp.ClientError, ValueError):
-                    pass
-                await asyncio.sleep(0.2)
-        async with (
-            KubeClient(load_kubeconfig(front_kc), connection_limit=200) as front,
-            KubeClient(load_kubeconfig(member_kc), connection_limit=200) as member,
-        ):
-            # Ceiling: straight into the member.
-            ns = f"ceil-{uuid.uuid4().hex[:5]}"
-            await _namespace(member, ns)
-            async with Arrivals(member, ns) as arrivals:
-                started = time.monotonic()
-                await _burst(member, ns, [_pod(f"p{i:05d}", node=None) for i in range(count)])
-                last = await arrivals.wait(count)
-            ceiling = count / (last - started)
-            result["ceiling_pods_per_s"] = round(ceiling, 1)
-            await member.delete(f"/api/v1/namespaces/{ns}")
-
-            # Ours, burst: bound in the front end, dispatched by the provider.
-            ns = f"burst-{uuid.uuid4().hex[:5]}"
-            await _namespace(front, ns)
-            async with Arrivals(member, ns) as arrivals:
-                started = time.monotonic()
-                await _burst(front, ns, [_pod(f"p{i:05d}", node=node) for i in range(count)])
-                last = await arrivals.wait(count)
-            ours = count / (last - started)
-            result["dispatch_pods_per_s"] = round(ours, 1)
-            result["ratio_to_ceiling"] = round(ours / ceiling, 2)
-            await front.delete(f"/api/v1/namespaces/{ns}")
-
-            # Ours, offered at 100 pods/s: added latency per pod.
-            ns = f"paced-{uuid.uuid4().hex[:5]}"
-            await _namespace(front, ns)
-            created: dict[str, float] = {}
-            async with Arrivals(member, ns) as arrivals:
-                tasks = []
-                t0 = time.monotonic()
-                for i in range(count):
-                    await asyncio.sleep(max(0.0, t0 + i / 100 - time.monotonic()))
-                    body = _pod(f"p{i:05d}", node=node)
-
-                    async def one(body: dict[str, Any] = body) -> None:
-                        await front.create(f"/api/v1/namespaces/{ns}/pods", body)
-                        created[body["metadata"]["name"]] = time.monotonic()
-
-                    tasks.append(asyncio.create_task(one(), name=f"bench-create/{i}"))
-                await asyncio.gather(*tasks)
-                await arrivals.wait(count)
-                latencies = sorted(arrivals.added[n] - created[n] for n in created)
-            result["paced_100_per_s_added_ms_p50"] = round(statistics.median(latencies) * 1000, 1)
-            result["paced_100_per_s_added_ms_p99"] = round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1)
-            await front.delete(f"/api/v1/namespaces/{ns}")
-
-            # A 512-pod gang.
-            ns = f"gang-{uuid.uuid4().hex[:5]}"
-            await _namespace(front, ns)
-            group = {
-                "apiVersion": "scheduling.k8s.io/v1beta1",
-                "kind": "PodGroup",
-                "metadata": {"name": "big"},
-                "spec": {"schedulingPolicy": {"gang": {"minCount": 512}}},
-            }
-            await front.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", group)
-            async with Arrivals(member, ns) as arrivals:
-                created = await _burst(
-                    front, ns, [_pod(f"g{i:04d}", node=node, group="big", cpu="1") for i in range(512)]
-                )
-                last_bound = max(created.values())
-                all_created = await arrivals.wait(512)
-                all_bound = await arrivals.wait(512, bound=True)
-            result["gang_512_created_s"] = round(all_created - last_bound, 2)
-            result["gang_512_bound_in_member_s"] = round(all_bound - last_bound, 2)
-            await front.delete(f"/api/v1/namespaces/{ns}")
-        result["targets"] = {"ratio_to_ceiling": 0.7, "paced_added_ms_p99": 250}
-        return result
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="vkprovider-bench-") as tmp:
-        workdir = Path(tmp)
-        if args.state:
-            return await run(args.state, args.pods, workdir)
-        lab = await lab_mod.up(workdir / "lab", lab_mod.LabSpec(members=1, nodes_per_member=20))
-        try:
-            return await run(lab.root, args.pods, workdir)
-        finally:
-            lab_mod.teardown(lab)
+    result: dict[str, Any] = {"pods": args.pods, "member": MEMBER, "workers": args.workers}
+    async with (
+        Provider(config, workdir, ready=_provider_ready) as provider,
+        KubeClient(load_kubeconfig(front_kc), connection_limit=200) as front,
+        KubeClient(load_kubeconfig(member_kc), connection_limit=200) as member,
+    ):
+        meter = CpuMeter({"bench": os.getpid(), "provider": provider.pid, **lab_pids(state, ["offline", MEMBER])})
+        bench = Bench(front, member, provider, meter, node)
+        bench.profile = args.profile
+        phases = args.phases.split(",")
+        if "burst" in phases:
+            result["ceiling"] = await bench.ceiling(args.pods)
+            result["burst"] = await bench.burst(args.pods)
+            result["burst"]["ratio_to_ceiling"] = round(
+                result["burst"]["pods_per_s"] / result["ceiling"]["pods_per_s"], 2
+            )
+        if "paced" in phases:
+            result["paced"] = [await bench.paced(args.pods, float(rate)) for rate in args.rates.split(",")]
+        if "gang" in phases:
+            result["gang"] = await bench.gang(512)
+    result["targets"] = {"burst.ratio_to_ceiling": 0.7, "paced[100/s].added_ms_p99": 250}
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=PodSettings().workers, help="the provider's pod workers")
+    parser.add_argument("--rates", default="20,50,100", help="offered pods/s for the paced phase")
+    parser.add_argument("--phases", default="burst,paced,gang", help="comma-separated: burst, paced, gang")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the burst, to FILE")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
-    print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=2))
+    args = parser.parse_args()
+    spec = lab_mod.LabSpec(members=1, nodes_per_member=20)
+    print(json.dumps(asyncio.run(on_lab(args.state, spec, lambda state, workdir: run(state, workdir, args))), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,180 @@
+"""What the benchmarks share: a lab to run on, a vkprovider process to measure, its counters,
+and how busy each process was (so a figure says which process was the limit)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import psutil
+import yaml
+
+from e2e import lab as lab_mod
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def on_lab(
+    state: Path | None, spec: lab_mod.LabSpec, run: Callable[[Path, Path], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """`run(lab_state_dir, workdir)` on the lab in `state`, or on a fresh lab started (and
+    stopped) for it."""
+    with tempfile.TemporaryDirectory(prefix="vkprovider-bench-") as tmp:
+        workdir = Path(tmp)
+        if state:
+            return await run(state, workdir)
+        lab = await lab_mod.up(workdir / "lab", spec)
+        try:
+            return await run(lab.root, workdir)
+        finally:
+            lab_mod.teardown(lab)
+
+
+class Provider:
+    """A `vkprovider run` process with `config` (its HTTP ports are filled in), ready when
+    `/readyz` answers 200 and `ready(session, health_port)` (if given) is true."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        *,
+        ready: Callable[[aiohttp.ClientSession, int], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.health_port = free_port()
+        self.config = {
+            **config,
+            "http": {"port": free_port(), "health_port": self.health_port, "bind": "127.0.0.1", "csr": False},
+        }
+        self.workdir = workdir
+        self._ready = ready
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def __aenter__(self) -> Provider:
+        path = self.workdir / "vk.yaml"
+        path.write_text(yaml.safe_dump(self.config))
+        with open(self.workdir / "vk.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vkprovider.cli", "run", "--config", str(path)], stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + 60
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"vkprovider exited ({self.proc.returncode}); see {self.workdir / 'vk.log'}")
+                try:
+                    async with session.get(f"http://127.0.0.1:{self.health_port}/readyz") as resp:
+                        if resp.status == 200 and (self._ready is None or await self._ready(session, self.health_port)):
+                            return self
+                except (aiohttp.ClientError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError("vkprovider not ready after 60 s")
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+    async def counters(self) -> dict[str, float]:
+        """Front-end API calls by verb (`api:<VERB>`) and pod status writes (`status_writes`)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{self.health_port}/metrics") as resp,
+        ):
+            text = await resp.text()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("vkprovider_api_calls_total"):
+                out["api:" + line.split('verb="')[1].split('"')[0]] = float(line.split()[-1])
+            elif line.startswith("vkprovider_pod_status_writes_total "):
+                out["status_writes"] = float(line.split()[-1])
+        return out
+
+
+class Profile:
+    """py-spy sampling `pid` while the block runs, as collapsed stacks in `path` (no-op when
+    `path` is None). py-spy is not a project dependency: install it to use this."""
+
+    def __init__(self, pid: int, path: Path | None) -> None:
+        self.pid, self.path = pid, path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Profile:
+        if self.path is not None:
+            beside = Path(sys.executable).with_name("py-spy")  # installed in the venv
+            spy = str(beside) if beside.exists() else "py-spy"
+            argv = [spy, "record", "-p", str(self.pid), "-r", "200", "--format", "raw", "--nonblocking"]
+            self.proc = subprocess.Popen([*argv, "-o", str(self.path)], stdout=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(30)
+
+
+def per_pod(before: dict[str, float], after: dict[str, float], pods: int) -> dict[str, float]:
+    return {k: round((v - before.get(k, 0.0)) / pods, 2) for k, v in sorted(after.items()) if v != before.get(k, 0.0)}
+
+
+class CpuMeter:
+    """How busy each named process was between `start` and `stop`: cores used (1.0 = one full
+    core). On a 2-core machine, a sum near 2 means the machine, not one process, was the limit."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items() if pid}
+        self._before: dict[str, float] = {}
+        self._started = 0.0
+
+    def _times(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self._procs.items():
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[name] = times.user + times.system
+        return out
+
+    def start(self) -> None:
+        self._before, self._started = self._times(), time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.monotonic() - self._started
+        now = self._times()
+        cores = {name: round((now[name] - self._before[name]) / wall, 2) for name in now if name in self._before}
+        cores["total"] = round(sum(cores.values()), 2)
+        return cores
+
+
+def lab_pids(state: Path, clusters: list[str]) -> dict[str, int]:
+    """The PIDs of etcd and of each named cluster's control-plane processes."""
+    lab = lab_mod.load_running(state)
+    pids = {"etcd": lab.etcd.pid if lab.etcd and lab.etcd.pid else 0}
+    for cluster in clusters:
+        for kind, proc in lab.clusters[cluster].processes.items():
+            if proc.pid:
+                pids[f"{cluster}/{kind}"] = proc.pid
+    return pids
