@@ -27,7 +27,14 @@ from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, PodStatus, pod_key, split_key
-from vkprovider.provider import PodLifecycle, PodNotifier, ProviderError, ProviderInvalid, ProviderNotFound
+from vkprovider.provider import (
+    PodAnnotator,
+    PodLifecycle,
+    PodNotifier,
+    ProviderError,
+    ProviderInvalid,
+    ProviderNotFound,
+)
 from vkprovider.settings import PodSettings
 from vkprovider.workqueue import ShutDown, WorkQueue
 
@@ -57,6 +64,7 @@ class PodController:
     ) -> None:
         self._client = client
         self._provider = provider
+        self._annotator = provider if isinstance(provider, PodAnnotator) else None
         self._nodes = list(node_names)
         self._host_ip = host_ip
         self._settings = settings
@@ -64,6 +72,7 @@ class PodController:
         self._metrics = metrics
         self.cache: dict[str, Pod] = {}
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
+        self._settling: dict[str, float] = {}  # key -> loop time until which its first status write waits
         self._listed: set[str] = set()
         self.ready = asyncio.Event()
         self.queue: WorkQueue | None = None
@@ -148,10 +157,14 @@ class PodController:
                 self._log.warning("pod watch failed", node=node, error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
 
-    async def _write_status(self, pod: Pod, desired: PodStatus) -> None:
+    async def _write_status(
+        self, pod: Pod, desired: PodStatus, *, annotations: dict[str, str | None] | None = None
+    ) -> None:
         meta = pod["metadata"]
         body = podstatus.status_patch(pod.get("status", {}), desired)
         body["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
+        if annotations:
+            body["metadata"]["annotations"] = annotations  # pods/status accepts metadata too
         updated: Any = await self._client.patch(
             pod_path(meta.get("namespace", ""), meta.get("name", "")) + "/status", body, patch_type="merge"
         )
@@ -213,8 +226,10 @@ class PodController:
                 except ProviderNotFound:
                     pass
             self._own_writes.pop(key, None)
+            self._settling.pop(key, None)
             return
         if pod["metadata"].get("deletionTimestamp"):
+            self._settling.pop(key, None)
             await self._sync_deleting(key, pod)
             return
         if podstatus.is_terminal(pod):
@@ -238,6 +253,8 @@ class PodController:
                 return
             if not await self._create(key, pod):
                 return
+            if self._settings.status_settle > 0:
+                self._settling[key] = asyncio.get_running_loop().time() + self._settings.status_settle
             remote = await self._provider.get_pod(namespace, name)
             if remote is None:
                 raise ProviderError(f"pod {key} missing right after create")
@@ -245,10 +262,33 @@ class PodController:
             await self._provider.update_pod(pod)
         provided = remote.get("status", {})
         desired = podstatus.desired_status(pod, provided, host_ip=self._host_ip)
-        if podstatus.status_differs(pod.get("status", {}), desired):
-            await self._write_status(pod, desired)
+        annotations = (
+            podstatus.annotation_changes(
+                pod["metadata"].get("annotations"), self._annotator.pod_annotations(namespace, name)
+            )
+            if self._annotator is not None
+            else {}
+        )
+        if podstatus.status_differs(pod.get("status", {}), desired) or annotations:
+            if self._settle(key, desired):
+                return
+            await self._write_status(pod, desired, annotations=annotations)
             if desired.get("reason") == "Evicted":
                 await self._events.emit(pod, reason="Evicted", message=desired.get("message", ""), warning=True)
+
+    def _settle(self, key: str, desired: PodStatus) -> bool:
+        """True (and the key queued for later) while a new pod's first status write waits: only
+        while it is Pending, so Running or a failure is written the moment it is known."""
+        until = self._settling.get(key)
+        if until is None:
+            return False
+        remaining = until - asyncio.get_running_loop().time()
+        if remaining > 0 and desired.get("phase", "Pending") == "Pending":
+            assert self.queue is not None
+            self.queue.add_after(key, remaining)
+            return True
+        del self._settling[key]
+        return False
 
     async def _create(self, key: str, pod: Pod) -> bool:
         try:

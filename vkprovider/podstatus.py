@@ -124,6 +124,12 @@ def status_patch(current: PodStatus, desired: PodStatus) -> dict[str, Any]:
     return {"status": patch}
 
 
+def annotation_changes(current: dict[str, str] | None, wanted: dict[str, str | None]) -> dict[str, str | None]:
+    """The part of `wanted` the pod does not show yet, as merge-patch values (None removes)."""
+    current = current or {}
+    return {k: v for k, v in wanted.items() if current.get(k) != v and (v is not None or k in current)}
+
+
 def _terminated(pod: Pod, *, exit_code: int, reason: str, message: str) -> list[ContainerStatus]:
     previous = {c.get("name"): c for c in pod.get("status", {}).get("containerStatuses", [])}
     out: list[ContainerStatus] = []

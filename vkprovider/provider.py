@@ -65,6 +65,15 @@ class PodNotifier(Protocol):
         """Register `callback`, called (never blocking) with the pod whenever its status changes."""
 
 
+@runtime_checkable
+class PodAnnotator(Protocol):
+    """Optional: annotations the provider records on the API pod (where it runs the pod, say),
+    written in the same request as the pod's status so they cost no extra API call."""
+
+    def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
+        """The annotations the pod should carry now; None removes one."""
+
+
 @dataclass(kw_only=True)
 class NodeStatus:
     """What the provider says about its node: resources, extra labels and conditions."""

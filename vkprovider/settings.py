@@ -51,6 +51,12 @@ class NodeSettings(_Section):
 
 class PodSettings(_Section):
     workers: int = Field(16, description="Pods synced in parallel (one key at a time each).")
+    status_settle: float = Field(
+        1.0,
+        ge=0,
+        description="Seconds a newly created pod's first status write may wait while the pod is "
+        "Pending, so a pod that starts quickly is reported once, as Running. 0 writes at once.",
+    )
     status_poll_interval: float = Field(5.0, description="Seconds between status polls of providers without push.")
     retry_cap: float = Field(60.0, description="Longest backoff, in seconds, between retries of one pod.")
     event_dedupe_seconds: float = Field(60.0, description="Identical Events within this many seconds are sent once.")

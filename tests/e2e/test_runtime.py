@@ -459,3 +459,41 @@ async def test_leader_election_hands_over_without_double_writes(offline: KubeCli
         await eventually(lambda: running(offline, ns, 2), what="pods running under the new leader")
     finally:
         await delete_namespace(offline, ns)
+
+
+async def _status_writes(client: KubeClient, ns: str, name: str, until: str) -> list[str]:
+    """The phases of the pod's status writes that carry a host IP (the runtime's), in order,
+    up to the first with phase `until`."""
+    listed = await client.list(f"/api/v1/namespaces/{ns}/pods")
+    rv = listed["metadata"]["resourceVersion"]
+    phases: list[str] = []
+    async for event in client.watch(f"/api/v1/namespaces/{ns}/pods", resource_version=rv, timeout_seconds=30):
+        obj = event["object"]
+        if event["type"] != "MODIFIED" or obj["metadata"].get("name") != name:
+            continue
+        if obj.get("status", {}).get("hostIP"):  # nobody else changes the pod after our first write
+            phases.append(obj["status"]["phase"])
+            if obj["status"]["phase"] == until:
+                break
+    return phases
+
+
+async def test_a_pod_that_starts_at_once_is_reported_once(offline: KubeClient, vk: Any) -> None:
+    """A new pod's first status write waits up to pods.status_settle (1 s) while it is Pending:
+    one that runs within that time is written once, as Running; a slower one is shown Pending
+    (with the host IP) first."""
+    quick = vk(**{"provider.memory.startup_delay": 0.3})
+    slow = vk(**{"provider.memory.startup_delay": 3.0})
+    quick.start()
+    slow.start()
+    await asyncio.gather(quick.wait_ready(), slow.wait_ready())
+    ns = await make_namespace(offline, f"settle-{uuid.uuid4().hex[:6]}")
+    try:
+        for proc, expected in ((quick, ["Running"]), (slow, ["Pending", "Running"])):
+            name = f"p-{proc.node}"
+            watching = asyncio.create_task(_status_writes(offline, ns, name, "Running"), name="test-watch/settle")
+            await asyncio.sleep(0.3)
+            await offline.create(f"/api/v1/namespaces/{ns}/pods", vk_pod(name, proc.node))
+            assert await asyncio.wait_for(watching, timeout=40) == expected
+    finally:
+        await delete_namespace(offline, ns)

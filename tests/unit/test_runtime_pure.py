@@ -297,3 +297,19 @@ def test_status_tables_render_the_view() -> None:
     }
     text = render(view)
     assert "m1" in text and "NO" in text and "4Gi" in text and "T4=4" in text and "False (m1)" in text
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "patch"),
+    [
+        (None, {"a/m": "x"}, {"a/m": "x"}),
+        ({"a/m": "x"}, {"a/m": "x"}, {}),
+        ({"a/m": "x"}, {"a/m": "y"}, {"a/m": "y"}),
+        ({"a/m": "x", "other": "1"}, {"a/m": None}, {"a/m": None}),
+        ({"other": "1"}, {"a/m": None}, {}),  # nothing to remove: no write
+    ],
+)
+def test_annotation_changes(
+    current: dict[str, str] | None, wanted: dict[str, str | None], patch: dict[str, str | None]
+) -> None:
+    assert podstatus.annotation_changes(current, wanted) == patch
