@@ -1,7 +1,10 @@
 """Dispatch: front-end pods to member clusters, whole jobs at a time, and their status back.
 
-- A job's first dispatch pins it to one member that can host its gang as a whole; the pin is
-  written on the front-end pods (annotation vkprovider.io/member) and every later pod follows.
+- A job's first dispatch pins it to one member that can host its gang as a whole, and every
+  later pod follows. The pin is durable before anything reaches the member: on the job's
+  front-end group object, or on a gang's pods; for other jobs the member pods' job label is
+  the record. Every front-end pod shows its member (annotation vkprovider.io/member), written
+  with its status.
 - Gang pods wait at the front end until the gang's minimum is bound; then the member's gang
   object is created first, then all pods at once. If the member has not bound the gang within
   the timeout, the member gang is deleted, the job unpinned and the next candidate tried; with
@@ -19,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+from cachetools import TTLCache
 
 from federation import forge, placement, reflect
 from federation.capacity import MemberCapacity
@@ -59,6 +64,11 @@ class MemberPods:
         self.instance = instance
         self._on_change = on_change
         self.by_origin: dict[str, dict[str, Any]] = {}  # front-end ns/name -> member pod
+        #: Member pods per job label: the durable record of where a job went, read after a
+        #: restart for jobs whose front-end pods do not (yet) carry the pin.
+        self.jobs: dict[str, int] = {}
+        #: UIDs the watch reported deleted lately, so a late create answer cannot revive one.
+        self._deleted: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=300)
         self.synced = asyncio.Event()
         self.client: KubeClient | None = None
         self.namespaces: set[str] = set()
@@ -69,16 +79,47 @@ class MemberPods:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         return f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
 
-    def _put(self, pod: dict[str, Any]) -> None:
+    @staticmethod
+    def _job_label(pod: dict[str, Any]) -> str:
+        return str((pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL, ""))
+
+    def record(self, pod: dict[str, Any]) -> None:
+        """Index a member pod (created by us, or seen by the watch)."""
         key = self.origin(pod)
+        old = self.by_origin.get(key)
+        if old is not None:
+            self._count(self._job_label(old), -1)
         self.by_origin[key] = pod
-        self._on_change(key)
+        self._count(self._job_label(pod), 1)
+
+    def created(self, pod: dict[str, Any]) -> None:
+        """Index a pod we just created, unless the watch has reported it already: the watch's
+        copy is then as new or newer (the create's answer can arrive after the events that
+        bound and started the pod, and must not put the pod back to Pending here)."""
+        uid = pod["metadata"].get("uid")
+        current = self.by_origin.get(self.origin(pod))
+        if uid in self._deleted or (current is not None and current["metadata"].get("uid") == uid):
+            return
+        self.record(pod)
+
+    def _count(self, job: str, delta: int) -> None:
+        left = self.jobs.get(job, 0) + delta
+        if left > 0:
+            self.jobs[job] = left
+        else:
+            self.jobs.pop(job, None)
+
+    def _put(self, pod: dict[str, Any]) -> None:
+        self.record(pod)
+        self._on_change(self.origin(pod))
 
     def _drop(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
         current = self.by_origin.get(key)
         if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
             del self.by_origin[key]
+            self._count(self._job_label(current), -1)
+        self._deleted[pod["metadata"].get("uid")] = True
         self._on_change(key)
 
     async def run(self) -> None:
@@ -128,6 +169,8 @@ class Job:
     failed: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     timer: asyncio.Task[None] | None = None
+    has_group: bool = False  # the job has a front-end group object (PodGroup): its pin goes there
+    recorded: str | None = None  # the member the group object names (vkprovider.io/member)
     core: set[str] = field(default_factory=set)  # pods dispatched as the gang (the rest are elastic)
     role: str = "worker-min"  # the gang core's shared priority role
 
@@ -184,8 +227,12 @@ class Dispatcher:
         ref = job_of(pod)  # type: ignore[arg-type]
         job = self.jobs.get(ref.key)
         if job is None:
-            gang = gang_of(ref, pod, await self._group(ref))  # type: ignore[arg-type]
+            group = await self._group(ref)
+            gang = gang_of(ref, pod, group)  # type: ignore[arg-type]
             job = self.jobs.setdefault(ref.key, Job(ref=ref, gang=gang))
+            if group is not None:
+                job.has_group = True
+                job.recorded = ((group.get("metadata") or {}).get("annotations") or {}).get(PIN)
         self.job_of_pod[pod_key(pod)] = ref.key
         return job
 
@@ -263,7 +310,7 @@ class Dispatcher:
             created = await pods.client.create(f"/api/v1/namespaces/{namespace}/pods", body)
         except AlreadyExists:
             return  # created before a restart: the watch reports it
-        pods.by_origin[MemberPods.origin(created)] = created
+        pods.created(created)
 
     async def _reflect(self, client: KubeClient, member_pod: dict[str, Any], *, front_namespace: str) -> None:
         """ConfigMaps, Secrets and headless Services the pod needs, copied before it starts."""
@@ -388,22 +435,67 @@ class Dispatcher:
         with contextlib.suppress(NotFound):
             await client.delete(f"/apis/{api_version}/namespaces/{namespace}/{plural}/{forge.gang_name(job.ref)}")
 
-    async def _pin(self, job: Job, member: str | None, *, only: str | None = None) -> None:
-        """Record the job's member on its front-end pods (None: unpin; `only`: just that pod)."""
-        assert self.front is not None
-        for key, pod in list(job.pods.items()):
-            if only is not None and key != only:
-                continue
-            if only is not None and (pod["metadata"].get("annotations") or {}).get(PIN) == member:
-                continue
-            namespace, name = key.split("/", 1)
-            patch = {"metadata": {"annotations": {PIN: member}}}
+    async def _record(self, job: Job, member: str | None) -> None:
+        """Record (None: clear) the job's member durably before any of it reaches the member.
+
+        A job with a front-end group object is pinned there, in one write; a gang without one
+        on each of its pods. Other jobs need no write here: their member pods carry the job
+        label, which a restart reads, and each front-end pod gets the pin annotation with its
+        next status write (`pin_of`)."""
+        front = self.front
+        assert front is not None
+        if job.has_group:
+            api_version, plural = GROUP_RESOURCES[job.ref.source]
+            path = f"/apis/{api_version}/namespaces/{job.ref.namespace}/{plural}/{job.ref.name}"
             try:
-                updated = await self.front.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", patch)
-            except (NotFound, Conflict):
-                continue
-            if updated["metadata"].get("uid") == pod["metadata"].get("uid"):
+                await front.patch(path, {"metadata": {"annotations": {PIN: member}}})
+            except NotFound:
+                job.has_group = False  # deleted meanwhile: pin the pods instead
+            else:
+                job.recorded = member
+                return
+        if not job.gang.is_gang:
+            return
+        limit = asyncio.Semaphore(32)
+
+        async def one(key: str) -> None:
+            namespace, name = key.split("/", 1)
+            async with limit:
+                try:
+                    updated = await front.patch(
+                        f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"annotations": {PIN: member}}}
+                    )
+                except (NotFound, Conflict):
+                    return
+            pod = job.pods.get(key)
+            if pod is not None and updated["metadata"].get("uid") == pod["metadata"].get("uid"):
                 job.pods[key] = cast(Pod, updated)
+
+        await asyncio.gather(*(one(k) for k in list(job.pods)))
+
+    def _recorded_member(self, job: Job, pod: Pod) -> str | None:
+        """Where the job went, if anywhere: this run's choice, else the durable record (the
+        group object's pin, or the pod's), else a member that runs pods of the job."""
+        if job.member:
+            return job.member
+        recorded = job.recorded if job.has_group else (pod["metadata"].get("annotations") or {}).get(PIN)
+        if recorded:
+            return recorded
+        label = forge.job_hash(job.ref)
+        for name in self._members():
+            pods = self.pods_in(name)
+            if pods is not None and label in pods.jobs:
+                return name
+        return None
+
+    def pin_of(self, key: str) -> str | None:
+        """The member a front-end pod is pinned to now (its vkprovider.io/member annotation)."""
+        found = self.member_pod(key)
+        if found is not None:
+            return found[0]
+        job_key = self.job_of_pod.get(key)
+        job = self.jobs.get(job_key) if job_key else None
+        return job.member if job is not None and key in job.pods else None
 
     # -- the job state machine -------------------------------------------------------------------
 
@@ -418,7 +510,7 @@ class Dispatcher:
             if found is not None:
                 job.member = job.member or found[0]
                 return
-            pinned = job.member or (pod["metadata"].get("annotations") or {}).get(PIN)
+            pinned = self._recorded_member(job, pod)
             if pinned and pinned not in self._members():
                 job.failed = "MemberRemoved"
                 self._notify_job(job)
@@ -426,7 +518,6 @@ class Dispatcher:
             if pinned and job.dispatched_at is not None:
                 # An elastic pod beyond the gang's minimum (or a plain job's next pod): it goes
                 # to the job's member on its own, as capacity allows.
-                await self._pin(job, pinned, only=key)
                 await self._create_member_pod(job, job.pods[key], pinned, in_gang=key in job.core)
                 return
             if pinned and (not job.gang.is_gang or self._known_pods(job, pinned) >= job.gang.min_member):
@@ -490,7 +581,7 @@ class Dispatcher:
         self._log.info(
             "dispatching job", job=job.ref.key, member=choice.member, pods=len(core), network_pod=choice.network_pod
         )
-        await self._pin(job, choice.member)
+        await self._record(job, choice.member)
         if job.gang.is_gang:
             await self._create_gang_object(job, choice.member)
         limit = asyncio.Semaphore(64)
@@ -544,7 +635,7 @@ class Dispatcher:
                 await self._delete_member_gang(job, member)
                 job.excluded.add(member)
                 job.member, job.place, job.dispatched_at = None, None, None
-                await self._pin(job, None)
+                await self._record(job, None)
                 job.timer = None
                 await self._dispatch(job)
                 if job.member is not None:

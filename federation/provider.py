@@ -534,6 +534,9 @@ class FederationProvider:
         pod: Pod = {"metadata": front["metadata"], "spec": front["spec"], "status": status}
         return pod
 
+    def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
+        return {forge.MEMBER: self.dispatcher.pin_of(f"{namespace}/{name}")}
+
     async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
         status = self.dispatcher.status(f"{namespace}/{name}")[1]
         if status is None:

@@ -95,6 +95,18 @@ async def cleanup(lab: Lab, offline: KubeClient, ns: str) -> None:
                 await delete_namespace(client, ns)
 
 
+async def job_pods_in_members(lab: Lab, job: JobRef) -> dict[str, list[str]]:
+    """Names of the job's pods in each member, found by the job label."""
+    out: dict[str, list[str]] = {}
+    for member in lab.members:
+        async with lab.client(member) as client:
+            found = await client.list(
+                "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
+            )
+        out[member] = [p["metadata"]["name"] for p in found["items"]]
+    return out
+
+
 class MemberWatch:
     """Every pod and PodGroup of a job seen in the members during a test."""
 
@@ -178,6 +190,9 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
         assert len({network_pod[p["spec"]["nodeName"]] for p in placed}) == 1, "the gang spans network pods"
         front = await pods(offline, ns)
         assert {p["metadata"]["annotations"]["vkprovider.io/member"] for p in front} == {"member-2"}
+        # The durable pin is on the job's PodGroup: one write, before anything reached member-2.
+        group = await offline.get(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups/train")
+        assert group["metadata"]["annotations"]["vkprovider.io/member"] == "member-2"
         await asyncio.sleep(1)
         assert watch.seen == {"member-1": set(), "member-3": set()}, "other members saw the gang"
     finally:
@@ -400,23 +415,11 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
                 for p in await pods(offline, ns):
                     state = f"{p['status'].get('phase')}/{p['status'].get('reason')}/{bool(p['spec'].get('nodeName'))}"
                     states[state] = states.get(state, 0) + 1
-                in_members = {}
-                for member in lab.members:
-                    async with lab.client(member) as client:
-                        found = await client.list(
-                            "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
-                        )
-                    in_members[member] = len(found["items"])
+                in_members = {m: len(names) for m, names in (await job_pods_in_members(lab, job)).items()}
                 raise AssertionError(
                     f"{exc}; front-end pods: {states}; in members: {in_members}; log: {proc.tail(5)}"
                 ) from None
-            placed: dict[str, list[str]] = {}
-            for member in lab.members:
-                async with lab.client(member) as client:
-                    found = await client.list(
-                        "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
-                    )
-                placed[member] = [p["metadata"]["name"] for p in found["items"]]
+            placed = await job_pods_in_members(lab, job)
             holders = [m for m, names in placed.items() if names]
             assert len(holders) == 1, f"trial {trial}: gang split across {holders}"
             names = placed[holders[0]]
@@ -424,6 +427,73 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
             await cleanup(lab, offline, ns)
     finally:
         proc.ensure_stopped()
+
+
+async def test_a_job_stays_in_its_member_across_restarts_and_scale_ups(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """A job without a gang has no pin written before dispatch: its member pods' job label is
+    the record a restart reads. So after kill -9 and a restart whose weights now prefer another
+    member, the job's new pods still follow its first ones, also when killed mid-dispatch."""
+
+    def prefer(proc: VkProcess, member: str) -> None:
+        for entry in proc.overrides["provider.federation"]["members"]:
+            entry["weight"] = 10 if entry["name"] == member else 1
+
+    proc = federation_vk(lab, tmp_path, lab.members)
+    prefer(proc, "member-1")
+    proc.start()
+    await proc.wait_ready()
+    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    ns = await make_namespace(offline, f"stay-{uuid.uuid4().hex[:5]}")
+    job = JobRef(ns, "owner", "ReplicaSet/web")
+    template = gang_pod("x", proc.node, "unused", 0)
+    del template["spec"]["schedulingGroup"]
+    template["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    replica_set = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 10,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": template["spec"]},
+        },
+    }
+
+    async def placed() -> dict[str, int]:
+        return {m: len(names) for m, names in (await job_pods_in_members(lab, job)).items()}
+
+    async def running(count: int) -> bool:
+        items = await pods(offline, ns)
+        return len(items) == count and all(p["status"].get("phase") == "Running" for p in items)
+
+    try:
+        await offline.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", replica_set)
+        await eventually(lambda: running(10), timeout=60, what="10 replicas running")
+        assert await placed() == {"member-1": 10, "member-2": 0, "member-3": 0}
+
+        proc.kill()
+        prefer(proc, "member-2")
+        proc.start()
+        await proc.wait_ready(timeout=60)
+        scale = f"/apis/apps/v1/namespaces/{ns}/replicasets/web"
+        await offline.patch(scale, {"spec": {"replicas": 25}})
+        await eventually(lambda: running(25), timeout=60, what="25 replicas running")
+        assert await placed() == {"member-1": 25, "member-2": 0, "member-3": 0}
+
+        await offline.patch(scale, {"spec": {"replicas": 40}})
+        await asyncio.sleep(0.4)
+        proc.kill()
+        proc.start()
+        await proc.wait_ready(timeout=60)
+        await eventually(lambda: running(40), timeout=90, what="40 replicas running")
+        assert await placed() == {"member-1": 40, "member-2": 0, "member-3": 0}
+    finally:
+        try:
+            await cleanup(lab, offline, ns)  # while the provider runs: it deletes the member pods
+        finally:
+            proc.ensure_stopped()
 
 
 async def test_elastic_job_starts_its_minimum_then_grows_as_online_load_falls(
