@@ -639,10 +639,25 @@ class Dispatcher:
                 job.timer = None
                 await self._dispatch(job)
                 if job.member is not None:
+                    message = (
+                        f"member {member} did not bind the gang of {job.gang.min_member} within "
+                        f"{job.gang.timeout:.0f}s; its pods there were deleted and the gang sent whole to {job.member}"
+                    )
+                    await self._emit_job(job, "GangRolledBack", message)
                     return
             job.failed = "GangTimeout"
             self._log.warning("gang timed out in every member", job=job.ref.key)
             self._notify_job(job)
+            tried = f" (tried: {', '.join(sorted(job.excluded))})" if job.excluded else ""
+            message = f"no member bound the gang of {job.gang.min_member} within {job.gang.timeout:.0f}s{tried}"
+            await self._emit_job(job, "GangTimeout", message)
+
+    async def _emit_job(self, job: Job, reason: str, message: str) -> None:
+        """A Warning Event on each pod of the job."""
+        if self.events is None:
+            return
+        for pod in list(job.pods.values()):
+            await self.events.emit(pod, reason=reason, message=message, warning=True)
 
     def _notify_job(self, job: Job) -> None:
         for key in job.pods:

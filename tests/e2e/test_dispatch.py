@@ -230,6 +230,59 @@ async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
         await cleanup(lab, offline, ns)
 
 
+async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """member-2 is preferred but its pods name a scheduler it does not run, so it never binds
+    the gang: after the gang's timeout its pods and PodGroup are deleted there and the gang goes
+    whole to the next member (member-3), with an Event saying so."""
+    weights = {"member-1": 1, "member-2": 10, "member-3": 5}
+    proc = federation_vk(lab, tmp_path, lab.members)
+    for entry in proc.overrides["provider.federation"]["members"]:
+        entry["weight"] = weights[entry["name"]]
+        if entry["name"] == "member-2":
+            entry["scheduler_name"] = "no-such-scheduler"
+    proc.start()
+    await proc.wait_ready()
+    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    ns = await make_namespace(offline, f"rollback-{uuid.uuid4().hex[:5]}")
+    job = JobRef(ns, "native", "g4")
+    watch = MemberWatch(lab, ["member-2"], forge.job_hash(job))
+    watch.start()
+    try:
+        group = pod_group("g4", 4, {"vkprovider.io/gang-timeout-seconds": "8"})
+        await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", group)
+        for i in range(4):
+            body = gang_pod(f"w{i}", proc.node, "g4", 0)
+            body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+            await offline.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+        async def running_in_member_3() -> bool:
+            items = await pods(offline, ns)
+            return len(items) == 4 and all(
+                p["status"].get("phase") == "Running" and p["metadata"]["annotations"].get(forge.MEMBER) == "member-3"
+                for p in items
+            )
+
+        await eventually(running_in_member_3, timeout=60, what="the gang running in member-3")
+        assert len(watch.seen["member-2"]) == 5, "member-2 got the gang (4 pods and its PodGroup) first"
+        placed = await job_pods_in_members(lab, job)
+        assert placed["member-2"] == [] and len(placed["member-3"]) == 4 and placed["member-1"] == []
+        async with lab.client("member-2") as member_2:
+            groups = await member_2.list(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups")
+        assert groups["items"] == [], "the member gang is deleted on rollback"
+        front_group = await offline.get(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups/g4")
+        assert front_group["metadata"]["annotations"][forge.MEMBER] == "member-3"
+        events = await offline.list(f"/api/v1/namespaces/{ns}/events")
+        assert any(e["reason"] == "GangRolledBack" and "member-2" in e["message"] for e in events["items"])
+    finally:
+        await watch.stop()
+        try:
+            await cleanup(lab, offline, ns)
+        finally:
+            proc.ensure_stopped()
+
+
 @pytest.mark.parametrize("dialect", ["scheduler-plugins", "volcano"])
 async def test_other_gang_dialects_at_the_front_end(
     lab: Lab, offline: KubeClient, provider: VkProcess, dialect: str
@@ -321,9 +374,16 @@ async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: Ku
         await cleanup(lab, offline, ns)
 
 
-async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: KubeClient, provider: VkProcess) -> None:
+async def test_config_maps_secrets_and_headless_services_follow_their_pods(
+    lab: Lab, offline: KubeClient, provider: VkProcess
+) -> None:
     ns = await make_namespace(offline, f"deps-{uuid.uuid4().hex[:6]}")
     try:
+        headless = {
+            "metadata": {"name": "trainers"},
+            "spec": {"clusterIP": "None", "selector": {"app": "trainer"}, "ports": [{"name": "rdzv", "port": 29500}]},
+        }
+        await offline.create(f"/api/v1/namespaces/{ns}/services", headless)
         await offline.create(
             f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "settings"}, "data": {"lr": "0.1"}}
         )
@@ -350,6 +410,12 @@ async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: Kube
             assert copy["data"] == {"lr": "0.1"}
             secret_copy = await client.get(f"/api/v1/namespaces/{ns}/secrets/token")
             assert secret_copy["data"] == {"key": "c2VjcmV0"}
+            # The rendezvous name resolves in the member: the headless Service is there, selecting the pod.
+            service = await client.get(f"/api/v1/namespaces/{ns}/services/trainers")
+            assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"app": "trainer"}
+            assert service["spec"]["ports"][0]["port"] == 29500
+            member_pod = (await pods(client, ns))[0]
+            assert member_pod["metadata"]["labels"]["app"] == "trainer"
             # Kept in sync with the front end.
             await offline.patch(f"/api/v1/namespaces/{ns}/configmaps/settings", {"data": {"lr": "0.05"}})
 
@@ -367,7 +433,10 @@ async def test_config_maps_and_secrets_follow_their_pods(lab: Lab, offline: Kube
                 secrets = await client.list(
                     f"/api/v1/namespaces/{ns}/secrets", params={"labelSelector": "vkprovider.io/reflected=true"}
                 )
-                return not cms["items"] and not secrets["items"]
+                services = await client.list(
+                    f"/api/v1/namespaces/{ns}/services", params={"labelSelector": "vkprovider.io/reflected=true"}
+                )
+                return not cms["items"] and not secrets["items"] and not services["items"]
 
             await eventually(copies_gone, timeout=60, what="reflected copies removed with the last pod")
     finally:
