@@ -259,7 +259,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
         "pods": {"workers": args.workers},
         "provider": {
             "type": "federation",
-            "federation": {"members": [{"name": MEMBER, "kubeconfig": str(member_kc)}], "publish_interval": 0.2},
+            "federation": {"members": [{"name": MEMBER, "kubeconfig": str(member_kc)}]},
         },
     }
     result: dict[str, Any] = {"pods": args.pods, "member": MEMBER, "workers": args.workers}
