@@ -3,14 +3,19 @@
 Ceiling: the same client creates the same pods straight in the member's apiserver. Ours: pods
 are created already bound to the virtual node in the front end (so the front-end scheduler is
 not measured) and the provider dispatches them to the member; a watch on the member times when
-each arrives. Reported:
-  - a burst of N plain pods: throughput (pods/s) and ratio to the ceiling's;
-  - N pods offered at 100 pods/s: added latency (bound in the front end -> created in the
-    member) p50/p99;
-  - a 512-pod gang: from the last pod bound to all 512 created in the member, and to all bound
-    there by the member's scheduler.
+each arrives. Phases (--phases):
+  - burst: the ceiling, then N plain pods through the provider: pods/s and ratio to the ceiling;
+  - floor: the least any dispatcher must do per pod (front-end create, member create, one status
+    write), done by this client with no provider, as a burst and (with paced) at each rate: what
+    this machine allows a provider that costs nothing;
+  - paced: N pods offered at each of --rates pods/s: added latency (bound in the front end ->
+    created in the member) p50/p99;
+  - gang: a 512-pod gang, from its last pod bound to all created in the member, and to all
+    bound there by the member's scheduler.
+Every phase reports each lab process's CPU in cores (1.0 = one core of the machine's two).
 Targets (issue 5): at least 70 % of the ceiling's throughput; added p99 under 250 ms at 100/s.
-Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--workers N] [--phases burst,paced,gang]`.
+Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--rates 20,50,100]
+[--workers N] [--phases burst,floor,paced,gang] [--profile FILE]`.
 """
 
 from __future__ import annotations
@@ -186,10 +191,49 @@ class Bench:
             "per_pod": per_pod(before, after, count),
         }
 
-    async def paced(self, count: int, rate: float) -> dict[str, Any]:
-        """Offered at `rate` pods/s: added latency per pod, bound in the front end -> in the member."""
+    async def _by_hand(self, ns: str, name: str, created: dict[str, float]) -> None:
+        """One pod the way the floor dispatches it: created bound in the front end (to a node
+        no provider serves), then in the member, then its status written back once."""
+        await self.front.create(f"/api/v1/namespaces/{ns}/pods", _pod(name, node="vk-floor-nowhere"))
+        created[name] = time.monotonic()
+        await self.member.create(f"/api/v1/namespaces/{ns}/pods", _pod(name, node=None))
+        status = {"status": {"phase": "Running", "hostIP": "127.0.0.1", "podIP": "10.0.0.1"}}
+        await self.front.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", status)
+
+    async def _clean_floor(self, ns: str) -> None:
+        await self._clean(self.member, ns)
+        await self.front.delete(f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": 0})
+        await self._clean(self.front, ns)
+
+    async def floor(self, count: int) -> dict[str, Any]:
+        """The least any dispatcher must do per pod (`_by_hand`), done by this client with no
+        provider: what the burst could reach on this machine if the provider cost nothing."""
+        ns = f"floor-{uuid.uuid4().hex[:5]}"
+        await _namespace(self.front, ns)
+        await _namespace(self.member, ns)
+        limit = asyncio.Semaphore(100)
+        created: dict[str, float] = {}
+
+        async def one(i: int) -> None:
+            async with limit:
+                await self._by_hand(ns, f"p{i:05d}", created)
+
+        async with Arrivals(self.member, ns) as arrivals:
+            self.meter.start()
+            started = time.monotonic()
+            await asyncio.gather(*(one(i) for i in range(count)))
+            last = await arrivals.wait(count)
+            cores = self.meter.stop()
+        await self._clean_floor(ns)
+        return {"pods_per_s": round(count / (last - started), 1), "cores": cores}
+
+    async def paced(self, count: int, rate: float, *, by_hand: bool = False) -> dict[str, Any]:
+        """Offered at `rate` pods/s: added latency per pod, bound in the front end -> in the
+        member. `by_hand`: dispatched as the floor does, with no provider."""
         ns = f"paced-{uuid.uuid4().hex[:5]}"
         await _namespace(self.front, ns)
+        if by_hand:
+            await _namespace(self.member, ns)
         created: dict[str, float] = {}
         async with Arrivals(self.member, ns) as arrivals:
             tasks = []
@@ -200,6 +244,9 @@ class Bench:
                 body = _pod(f"p{i:05d}", node=self.node)
 
                 async def one(body: dict[str, Any] = body) -> None:
+                    if by_hand:
+                        await self._by_hand(ns, body["metadata"]["name"], created)
+                        return
                     await self.front.create(f"/api/v1/namespaces/{ns}/pods", body)
                     created[body["metadata"]["name"]] = time.monotonic()
 
@@ -208,7 +255,7 @@ class Bench:
             await arrivals.wait(count)
             cores = self.meter.stop()
             latencies = sorted(arrivals.added[n] - created[n] for n in created)
-        await self._clean(self.front, ns)
+        await (self._clean_floor(ns) if by_hand else self._clean(self.front, ns))
         return {
             "offered_per_s": rate,
             "added_ms_p50": round(statistics.median(latencies) * 1000, 1),
@@ -278,8 +325,18 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
             result["burst"]["ratio_to_ceiling"] = round(
                 result["burst"]["pods_per_s"] / result["ceiling"]["pods_per_s"], 2
             )
+        if "floor" in phases:
+            result["floor"] = await bench.floor(args.pods)
+            if "ceiling" in result:
+                result["floor"]["ratio_to_ceiling"] = round(
+                    result["floor"]["pods_per_s"] / result["ceiling"]["pods_per_s"], 2
+                )
         if "paced" in phases:
             result["paced"] = [await bench.paced(args.pods, float(rate)) for rate in args.rates.split(",")]
+        if "floor" in phases and "paced" in phases:
+            result["floor_paced"] = [
+                await bench.paced(args.pods, float(rate), by_hand=True) for rate in args.rates.split(",")
+            ]
         if "gang" in phases:
             result["gang"] = await bench.gang(512)
     result["targets"] = {"burst.ratio_to_ceiling": 0.7, "paced[100/s].added_ms_p99": 250}
@@ -291,7 +348,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=PodSettings().workers, help="the provider's pod workers")
     parser.add_argument("--rates", default="20,50,100", help="offered pods/s for the paced phase")
-    parser.add_argument("--phases", default="burst,paced,gang", help="comma-separated: burst, paced, gang")
+    parser.add_argument("--phases", default="burst,floor,paced,gang", help="comma-separated: burst, floor, paced, gang")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the burst, to FILE")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
     args = parser.parse_args()
