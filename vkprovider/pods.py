@@ -165,13 +165,22 @@ class PodController:
         body["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
         if annotations:
             body["metadata"]["annotations"] = annotations  # pods/status accepts metadata too
-        updated: Any = await self._client.patch(
-            pod_path(meta.get("namespace", ""), meta.get("name", "")) + "/status", body, patch_type="merge"
-        )
         key = pod_key(pod)
+        try:
+            updated: Any = await self._client.patch(
+                pod_path(meta.get("namespace", ""), meta.get("name", "")) + "/status", body, patch_type="merge"
+            )
+        except NotFound:
+            # Deleted meanwhile: forget it now; its DELETED event (if not already in) finds nothing.
+            cached = self.cache.get(key)
+            if cached is not None and cached["metadata"].get("uid") == meta.get("uid"):
+                del self.cache[key]
+            return
         self._own_writes[key] = updated["metadata"]["resourceVersion"]
         cached = self.cache.get(key)
-        if cached is None or cached["metadata"].get("uid") == updated["metadata"].get("uid"):
+        # Only refresh a pod still cached: one whose DELETED event arrived while this write was
+        # in flight must not come back (it would be synced, and written to, for ever).
+        if cached is not None and cached["metadata"].get("uid") == updated["metadata"].get("uid"):
             self.cache[key] = updated
         self._metrics.status_writes.inc()
 
