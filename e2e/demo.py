@@ -206,6 +206,11 @@ async def demo(state_dir: Path) -> None:
             if sum(1 for p in items if p["status"].get("phase") == "Running") >= 17:
                 break
             await asyncio.sleep(0.2)
+    # The members' inventories see the pods a moment after the front end shows them Running.
+    for _ in range(75):
+        if _used_cpu(vk_status.fetch(url)) >= DEMO_CPU:
+            break
+        await asyncio.sleep(0.2)
     print(f"\n$ kubectl -n {NS} get pods -o wide   # all bound to the one virtual node")
     print(_kubectl(lab, "-n", NS, "get", "pods", "-o", "wide"))
     print("$ vkprovider status   # capacity now, and where each job was pinned")
@@ -213,6 +218,18 @@ async def demo(state_dir: Path) -> None:
     print()
     print(await status.table(lab))
     print(f"\nall of it keeps running; kubeconfigs in {state_dir}/kubeconfig/, stop it with `make down`")
+
+
+DEMO_CPU = 2 * 8 + 4 * 8 + 8 * 16 + 3 * 2  # the cores the demo's pods request
+
+
+def _used_cpu(view: dict[str, Any]) -> float:
+    """Cores our pods use in all members, as the resource view shows them."""
+    total = 0.0
+    for member in view.get("members", {}).values():
+        value = str(member.get("used", {}).get("cpu", "0"))
+        total += float(value[:-1]) / 1000 if value.endswith("m") else float(value)
+    return total
 
 
 def main() -> int:
