@@ -50,13 +50,15 @@ async def run(state: Path, workdir: Path, count: int) -> dict[str, Any]:
         listed = await client.list(f"/api/v1/namespaces/{ns}/pods")
         rv = listed["metadata"]["resourceVersion"]
 
-        async def watch() -> None:
-            async for event in client.watch(f"/api/v1/namespaces/{ns}/pods", resource_version=rv):
-                obj = event["object"]
-                if obj.get("status", {}).get("phase") == "Running":
-                    running.setdefault(obj["metadata"]["name"], time.monotonic())
-                    if len(running) == count:
-                        return
+        async def watch(rv: str = rv) -> None:
+            while True:  # the apiserver may end a watch early; go on from the last version seen
+                async for event in client.watch(f"/api/v1/namespaces/{ns}/pods", resource_version=rv):
+                    obj = event["object"]
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if obj.get("status", {}).get("phase") == "Running":
+                        running.setdefault(obj["metadata"]["name"], time.monotonic())
+                        if len(running) == count:
+                            return
 
         watcher = asyncio.create_task(watch(), name="bench-watch")
         limit = asyncio.Semaphore(100)
