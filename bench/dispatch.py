@@ -36,7 +36,7 @@ from bench.common import CpuMeter, Profile, Provider, lab_pids, on_lab, per_pod
 from e2e import lab as lab_mod
 from federation import forge
 from federation.config import MemberConfig
-from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, load_kubeconfig
+from vkprovider.kube import KubeClient, NotFound, ensure_namespace, load_kubeconfig
 from vkprovider.settings import PodSettings
 
 MEMBER = "member-1"
@@ -54,19 +54,6 @@ def _pod(name: str, *, node: str | None, group: str | None = None, cpu: str = "1
     if group:
         spec["schedulingGroup"] = {"podGroupName": group}
     return {"metadata": {"name": name}, "spec": spec}
-
-
-async def _namespace(client: KubeClient, name: str) -> None:
-    try:
-        await client.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    except AlreadyExists:
-        pass
-    for _ in range(200):
-        try:
-            await client.get(f"/api/v1/namespaces/{name}/serviceaccounts/default")
-            return
-        except ApiError:
-            await asyncio.sleep(0.05)
 
 
 class Arrivals:
@@ -160,7 +147,7 @@ class Bench:
     async def ceiling(self, count: int) -> dict[str, Any]:
         """The same client creating the same pods straight in the member."""
         ns = f"ceil-{uuid.uuid4().hex[:5]}"
-        await _namespace(self.member, ns)
+        await ensure_namespace(self.member, ns)
         async with Arrivals(self.member, ns) as arrivals:
             self.meter.start()
             started = time.monotonic()
@@ -173,7 +160,7 @@ class Bench:
     async def burst(self, count: int) -> dict[str, Any]:
         """Bound in the front end, dispatched by the provider, as fast as the client can create."""
         ns = f"burst-{uuid.uuid4().hex[:5]}"
-        await _namespace(self.front, ns)
+        await ensure_namespace(self.front, ns)
         before = await self.provider.counters()
         async with Arrivals(self.member, ns) as arrivals:
             with Profile(self.provider.pid, self.profile):
@@ -209,8 +196,8 @@ class Bench:
         """The least any dispatcher must do per pod (`_by_hand`), done by this client with no
         provider: what the burst could reach on this machine if the provider cost nothing."""
         ns = f"floor-{uuid.uuid4().hex[:5]}"
-        await _namespace(self.front, ns)
-        await _namespace(self.member, ns)
+        await ensure_namespace(self.front, ns)
+        await ensure_namespace(self.member, ns)
         limit = asyncio.Semaphore(100)
         created: dict[str, float] = {}
 
@@ -231,9 +218,9 @@ class Bench:
         """Offered at `rate` pods/s: added latency per pod, bound in the front end -> in the
         member. `by_hand`: dispatched as the floor does, with no provider."""
         ns = f"paced-{uuid.uuid4().hex[:5]}"
-        await _namespace(self.front, ns)
+        await ensure_namespace(self.front, ns)
         if by_hand:
-            await _namespace(self.member, ns)
+            await ensure_namespace(self.member, ns)
         created: dict[str, float] = {}
         async with Arrivals(self.member, ns) as arrivals:
             tasks = []
@@ -266,7 +253,7 @@ class Bench:
     async def gang(self, size: int) -> dict[str, Any]:
         """From the gang's last pod bound in the front end to all created, and all bound, in the member."""
         ns = f"gang-{uuid.uuid4().hex[:5]}"
-        await _namespace(self.front, ns)
+        await ensure_namespace(self.front, ns)
         group = {
             "apiVersion": "scheduling.k8s.io/v1beta1",
             "kind": "PodGroup",

@@ -20,7 +20,7 @@ import psutil
 
 from bench.common import Provider, on_lab
 from e2e import lab as lab_mod
-from vkprovider.kube import KubeClient, load_kubeconfig
+from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
 
 
 async def run(state: Path, workdir: Path, count: int) -> dict[str, Any]:
@@ -37,13 +37,7 @@ async def run(state: Path, workdir: Path, count: int) -> dict[str, Any]:
         KubeClient(load_kubeconfig(kubeconfig), connection_limit=200) as client,
     ):
         ns = f"bench-{int(time.time())}"
-        await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-        for _ in range(100):
-            try:
-                await client.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
-                break
-            except Exception:
-                await asyncio.sleep(0.1)
+        await ensure_namespace(client, ns)
         before = await provider.counters()
         bound: dict[str, float] = {}
         running: dict[str, float] = {}

@@ -25,7 +25,7 @@ import yaml
 from e2e import binaries, online, state, status
 from e2e import lab as lab_mod
 from vkprovider import status as vk_status
-from vkprovider.kube import AlreadyExists, ApiError, KubeClient, load_kubeconfig
+from vkprovider.kube import AlreadyExists, KubeClient, ensure_namespace, load_kubeconfig
 
 NODE = "vk-pool"
 PORT = 10250
@@ -88,14 +88,7 @@ def _group(name: str, min_count: int, annotations: dict[str, str]) -> dict[str, 
 
 
 async def _submit_jobs(client: KubeClient) -> None:
-    with contextlib.suppress(AlreadyExists):
-        await client.create("/api/v1/namespaces", {"metadata": {"name": NS}})
-    for _ in range(100):
-        try:
-            await client.get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")
-            break
-        except ApiError:
-            await asyncio.sleep(0.1)
+    await ensure_namespace(client, NS)
     for name, value in (("train-worker-min", 1500), ("train-worker-max", 500)):
         body = {
             "apiVersion": "scheduling.k8s.io/v1",

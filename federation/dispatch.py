@@ -31,7 +31,16 @@ from federation.inventory import pod_requests
 from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
 from vkprovider import logs
 from vkprovider.events import EventRecorder
-from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, Conflict, Gone, KubeClient, NotFound
+from vkprovider.kube import (
+    AlreadyExists,
+    ApiError,
+    ClusterAccess,
+    Conflict,
+    Gone,
+    KubeClient,
+    NotFound,
+    ensure_namespace,
+)
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status
 from vkprovider.provider import ProviderError
@@ -255,20 +264,8 @@ class Dispatcher:
                 with contextlib.suppress(AlreadyExists):
                     await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
             self._priority_classes.add(member)
-        with contextlib.suppress(AlreadyExists):
-            await client.create(
-                "/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {forge.MANAGED: "true"}}}
-            )
-        # The member's admission refuses pods until the namespace's service account exists (its
-        # controller manager creates it moments after the namespace).
         account = self._members()[member].config.service_account
-        for _ in range(150):
-            try:
-                await client.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}")
-                break
-            except NotFound:
-                await asyncio.sleep(0.1)
-        else:
+        if not await ensure_namespace(client, namespace, labels={forge.MANAGED: "true"}, service_account=account):
             raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
         if pods is not None:
             pods.namespaces.add(namespace)

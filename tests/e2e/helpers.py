@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from e2e import procs
-from vkprovider.kube import KubeClient, NotFound
+from vkprovider.kube import KubeClient, NotFound, ensure_namespace
 
 T = TypeVar("T")
 
@@ -29,22 +29,8 @@ async def eventually(
 
 
 async def make_namespace(client: KubeClient, name: str) -> str:
-    await client.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    # The ServiceAccount admission plugin refuses pods until the namespace's default account exists.
-    await eventually(
-        lambda: _exists(client, f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=30,
-        what=f"default service account in {name}",
-    )
+    assert await ensure_namespace(client, name, timeout=30), f"no default service account in {name}"
     return name
-
-
-async def _exists(client: KubeClient, path: str) -> bool:
-    try:
-        await client.get(path)
-    except NotFound:
-        return False
-    return True
 
 
 async def delete_namespace(client: KubeClient, name: str) -> None:

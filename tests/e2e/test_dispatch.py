@@ -36,14 +36,19 @@ async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def provider(lab: Lab, tmp_path: Path) -> AsyncIterator[VkProcess]:
     proc = federation_vk(lab, tmp_path, lab.members)
-    proc.start()
-    await proc.wait_ready()
-    # Capacity must be known before anything is dispatched.
-    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    await start_synced(proc)
     try:
         yield proc
     finally:
         proc.ensure_stopped()
+
+
+async def start_synced(proc: VkProcess) -> None:
+    """Start the provider and wait until it knows every member's capacity: nothing is
+    dispatched before that."""
+    proc.start()
+    await proc.wait_ready()
+    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
 
 
 async def _members_synced(proc: VkProcess) -> bool:
@@ -242,9 +247,7 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
         entry["weight"] = weights[entry["name"]]
         if entry["name"] == "member-2":
             entry["scheduler_name"] = "no-such-scheduler"
-    proc.start()
-    await proc.wait_ready()
-    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    await start_synced(proc)
     ns = await make_namespace(offline, f"rollback-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "native", "g4")
     watch = MemberWatch(lab, ["member-2"], forge.job_hash(job))
@@ -449,9 +452,7 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     import random
 
     proc = federation_vk(lab, tmp_path, lab.members)
-    proc.start()
-    await proc.wait_ready()
-    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    await start_synced(proc)
     rng = random.Random(32)
     try:
         for trial in range(10):
@@ -511,9 +512,7 @@ async def test_a_job_stays_in_its_member_across_restarts_and_scale_ups(
 
     proc = federation_vk(lab, tmp_path, lab.members)
     prefer(proc, "member-1")
-    proc.start()
-    await proc.wait_ready()
-    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    await start_synced(proc)
     ns = await make_namespace(offline, f"stay-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "owner", "ReplicaSet/web")
     template = gang_pod("x", proc.node, "unused", 0)
@@ -580,9 +579,7 @@ async def test_elastic_job_starts_its_minimum_then_grows_as_online_load_falls(
     await online_replicas(16)
     proc = federation_vk(lab, tmp_path, lab.members)
     proc.overrides["provider.federation"]["members"][0]["weight"] = 10  # prefer member-1
-    proc.start()
-    await proc.wait_ready()
-    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    await start_synced(proc)
     ns = await make_namespace(offline, f"elastic-{uuid.uuid4().hex[:6]}")
     try:
         await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("ring", 4, {}))
@@ -619,9 +616,7 @@ async def test_pods_fail_with_a_reason_when_their_member_is_lost(lab: Lab, offli
 
     proc = federation_vk(lab, tmp_path, lab.members)
     proc.overrides["provider.federation"]["members"][2]["weight"] = 10  # prefer member-3
-    proc.start()
-    await proc.wait_ready()
-    await eventually(lambda: _members_synced(proc), timeout=30, what="member capacity")
+    await start_synced(proc)
     ns = await make_namespace(offline, f"lost-{uuid.uuid4().hex[:6]}")
     try:
         body = gang_pod("victim", proc.node, "none", 0)

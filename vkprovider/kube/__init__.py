@@ -20,6 +20,7 @@ from vkprovider.kube.errors import (
     Unauthorized,
     Unreachable,
 )
+from vkprovider.kube.namespaces import ensure_namespace
 from vkprovider.kube.paths import resource_path
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Unauthorized",
     "Unreachable",
     "WatchEvent",
+    "ensure_namespace",
     "load_kubeconfig",
     "resource_path",
 ]
