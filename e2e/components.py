@@ -60,6 +60,10 @@ class ClusterFiles:
         return self.pki / f"{stem}.{ext}"
 
     @property
+    def audit_log(self) -> Path:
+        return self.dir / "audit.log"
+
+    @property
     def sa_key(self) -> Path:
         return self.pki / "service-account.key"
 
@@ -120,8 +124,30 @@ def apiserver_argv(*, binary: Path, files: ClusterFiles, cluster: str, port: int
         "--max-requests-inflight=1000",
         "--max-mutating-requests-inflight=500",
         "--profiling=false",
+        # Requests of users in AUDITED_GROUP only (tests give the processes they judge such an
+        # identity), so a test can read what a process did from the apiserver's own record.
+        f"--audit-policy-file={files.dir / 'audit-policy.yaml'}",
+        f"--audit-log-path={files.audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=0",
         "--v=0",
     ]
+
+
+#: Client certificates carrying this group (O=) have their requests audited by the lab.
+AUDITED_GROUP = "vkprovider:audited"
+
+
+def audit_policy() -> str:
+    """Metadata (who, what, when, answer code) of the audited group's requests; nothing else."""
+    return (
+        "apiVersion: audit.k8s.io/v1\n"
+        "kind: Policy\n"
+        "omitStages: [RequestReceived]\n"
+        "rules:\n"
+        f"- level: Metadata\n  userGroups: [{AUDITED_GROUP!r}]\n"
+        "- level: None\n"
+    )
 
 
 def _component_common(files: ClusterFiles, port: int) -> list[str]:

@@ -109,6 +109,7 @@ def _write_cluster_files(lab: LabState, cluster: ClusterState) -> components.Clu
         ),
     )
     (files.dir / "scheduler.yaml").write_text(components.scheduler_config(files=files))
+    (files.dir / "audit-policy.yaml").write_text(components.audit_policy())
     return files
 
 

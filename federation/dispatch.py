@@ -39,6 +39,7 @@ from vkprovider.kube import (
     Gone,
     KubeClient,
     NotFound,
+    WriteFence,
     ensure_namespace,
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
@@ -67,9 +68,18 @@ def _age(obj: dict[str, Any]) -> float:
 class MemberPods:
     """Our pods in one member, watched by label and indexed by the front-end pod they run."""
 
-    def __init__(self, name: str, access: ClusterAccess, *, instance: str, on_change: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        access: ClusterAccess,
+        *,
+        instance: str,
+        on_change: Callable[[str], None],
+        fence: WriteFence | None = None,
+    ) -> None:
         self.name = name
         self.access = access
+        self._fence = fence
         self.instance = instance
         self._on_change = on_change
         self.by_origin: dict[str, dict[str, Any]] = {}  # front-end ns/name -> member pod
@@ -133,7 +143,7 @@ class MemberPods:
 
     async def run(self) -> None:
         params = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={self.instance}"}
-        async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}") as client:
+        async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
             self.client = client
             failures = 0
             while True:

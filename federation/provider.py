@@ -191,7 +191,13 @@ class FederationProvider:
             loop = asyncio.get_running_loop()
             member.task = loop.create_task(source.run(), name=f"federation/member/{config.name}")
             if access is not None:
-                member.pods = MemberPods(config.name, access, instance=self.node_name, on_change=self._pod_changed)
+                member.pods = MemberPods(
+                    config.name,
+                    access,
+                    instance=self.node_name,
+                    on_change=self._pod_changed,
+                    fence=self._client.fence if self._client is not None else None,
+                )
                 member.pods_task = loop.create_task(member.pods.run(), name=f"federation/pods/{config.name}")
         self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
         self._node_set_changed()

@@ -1,9 +1,14 @@
 """Leader election on a coordination.k8s.io Lease, so several replicas can run and one writes.
 
 Expiry is judged by this replica's own clock from the moment it last saw the record change
-(as client-go does), never by comparing clocks across machines. A leader that cannot renew
-within `renew_deadline` (shorter than the lease duration) steps down before anyone else can
-take over, so two replicas never write at once.
+(as client-go does), never by comparing clocks across machines. A leader steps down, closing
+the process's write fence first so no client of it writes again:
+- when no renewal has succeeded for `renew_deadline`, counted from the moment the last
+  successful attempt began (the renewTime it wrote is no older) and enforced even while an
+  attempt hangs. A standby takes over only `lease_duration` after it saw that renewal, so with
+  renew_deadline < lease_duration the old leader has stopped before the new one starts;
+- at once when the lease names another holder (taken over by hand, or by a replica whose
+  clock ran fast): unlike client-go, which keeps writing until its renew deadline.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class LeaderElector:
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases/{name}"
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        self._renewed_at = 0.0  # when the last successful acquire or renewal attempt began
         self.is_leader = False
         self._log = logs.get("election", lease=name, identity=settings.identity)
 
@@ -98,8 +104,10 @@ class LeaderElector:
         """Return once this replica holds the lease."""
         waiting_logged = False
         while True:
+            began = self._clock()
             try:
                 if await self.try_acquire_or_renew():
+                    self._renewed_at = began
                     self.is_leader = True
                     self._log.info("became leader")
                     return
@@ -110,20 +118,37 @@ class LeaderElector:
                 waiting_logged = True
             await asyncio.sleep(self._settings.retry_period)
 
+    def _step_down(self, why: str) -> LostLeadership:
+        self.is_leader = False
+        if self._client.fence is not None:
+            self._client.fence.close(f"leadership of {self._name} lost: {why}")
+        self._log.warning("stepping down", reason=why)
+        return LostLeadership(f"lease {self._name}: {why}")
+
     async def hold(self) -> None:
-        """Renew until cancelled; raise LostLeadership if renewal fails for `renew_deadline`."""
-        last_renewed = self._clock()
+        """Renew until cancelled; raise LostLeadership (after closing the write fence) when the
+        lease names another holder, or no renewal has succeeded for `renew_deadline`."""
+        deadline = self._settings.renew_deadline
+        valid_until = self._renewed_at + deadline
         while True:
-            await asyncio.sleep(self._settings.retry_period)
+            await asyncio.sleep(max(0.0, min(self._settings.retry_period, valid_until - self._clock())))
+            began = self._clock()
+            if began >= valid_until:
+                raise self._step_down(f"no renewal succeeded for {deadline:.0f}s")
             try:
-                if await self.try_acquire_or_renew():
-                    last_renewed = self._clock()
-                    continue
+                renewed = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=valid_until - began)
+            except TimeoutError:
+                raise self._step_down(f"renewal did not answer within the {deadline:.0f}s deadline") from None
             except ApiError as exc:
                 self._log.warning("lease renewal failed", error=str(exc))
-            if self._clock() - last_renewed >= self._settings.renew_deadline:
-                self.is_leader = False
-                raise LostLeadership(f"could not renew lease {self._name} for {self._settings.renew_deadline}s")
+                continue
+            if renewed:
+                self._renewed_at = began
+                valid_until = began + deadline
+                continue
+            holder = self._observed[0] if self._observed else ""
+            if holder and holder != self.identity:
+                raise self._step_down(f"the lease is held by {holder}")
 
     async def release(self) -> None:
         """Give the lease up on a clean shutdown so a standby takes over at once."""

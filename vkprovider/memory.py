@@ -87,6 +87,7 @@ class MemoryProvider:
         self._node_callbacks: list[Callable[[str], None]] = []
         self._timers: dict[str, list[asyncio.TimerHandle]] = {}
         self._db: sqlite3.Connection | None = None
+        self._run = 0  # this process's run of the backend (counted in the state file)
         #: Calls per method: what tests check for duplicates.
         self.calls: dict[str, int] = {}
 
@@ -102,6 +103,12 @@ class MemoryProvider:
             " action TEXT, action_at REAL, deleting_at REAL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS creates (uid TEXT, at REAL)")
+        # Every create call, whatever its outcome, per provider run: a second call for a pod
+        # the backend already has is accepted silently (idempotence), so only this table shows
+        # a runtime that asks twice.
+        self._db.execute("CREATE TABLE IF NOT EXISTS create_calls (uid TEXT, run INTEGER, outcome TEXT, at REAL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS runs (run INTEGER PRIMARY KEY AUTOINCREMENT, at REAL)")
+        self._run = int(self._db.execute("INSERT INTO runs (at) VALUES (?)", (self._clock(),)).lastrowid or 0)
         for key, body, created, action, action_at, deleting_at in self._db.execute("SELECT * FROM pods"):
             self._records[key] = _Record(json.loads(body), created, action, action_at, deleting_at)
 
@@ -125,6 +132,10 @@ class MemoryProvider:
             handle.cancel()
         if self._db:
             self._db.execute("DELETE FROM pods WHERE key = ?", (key,))
+
+    def _call_recorded(self, uid: str, outcome: str) -> None:
+        if self._db:
+            self._db.execute("INSERT INTO create_calls VALUES (?, ?, ?, ?)", (uid, self._run, outcome, self._clock()))
 
     def create_count(self, uid: str) -> int:
         """How many times a pod with this UID was created (across restarts with a state file)."""
@@ -277,13 +288,17 @@ class MemoryProvider:
     async def create_pod(self, pod: Pod) -> None:
         await self._call("create_pod")
         key = f"{pod['metadata'].get('namespace', '')}/{pod['metadata'].get('name', '')}"
+        uid = pod["metadata"].get("uid", "")
         existing = self._expire(key)
         if existing is not None:
-            if existing.uid == pod["metadata"].get("uid"):
+            if existing.uid == uid:
+                self._call_recorded(uid, "repeated")
                 return  # idempotent: the same pod again (e.g. after a restart)
+            self._call_recorded(uid, "refused")
             raise ProviderError(f"another pod named {key} (uid {existing.uid}) is still terminating")
         message = pod["metadata"].get("annotations", {}).get(ANNOTATION_PREFIX + "fail-create")
         if message:
+            self._call_recorded(uid, "refused")
             raise ProviderError(message)
         record = _Record(copy.deepcopy(pod), self._clock())
         self._apply_action(record)
@@ -295,6 +310,7 @@ class MemoryProvider:
                 self._db.execute("BEGIN")
                 self._save(record)
                 self._db.execute("INSERT INTO creates VALUES (?, ?)", (record.uid, record.created))
+                self._call_recorded(record.uid, "created")
         self._schedule(record)
         self._emit(key)
 

@@ -226,6 +226,12 @@ class PodController:
         """Bring one pod's provider state and API status in line; raises to be retried."""
         namespace, name = split_key(key)
         pod = self.cache.get(key)
+        if pod is None and not self._listed >= set(self._nodes):
+            # Not in the cache proves nothing before every node's pods are listed (a provider
+            # notifies about its pods at once after a restart): look again once they are.
+            assert self.queue is not None
+            self.queue.add_after(key, 0.2)
+            return
         if pod is None:
             remote = await self._provider.get_pod(namespace, name)
             if remote is not None:

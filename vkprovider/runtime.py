@@ -23,7 +23,7 @@ from vkprovider.events import EventRecorder
 from vkprovider.httpapi.auth import Authenticator, Authorizer
 from vkprovider.httpapi.certs import serving_certificate
 from vkprovider.httpapi.server import KubeletApi, health_app, tls_context
-from vkprovider.kube import ApiError, ClusterAccess, KubeClient, load_kubeconfig
+from vkprovider.kube import ApiError, ClusterAccess, KubeClient, WriteFence, load_kubeconfig
 from vkprovider.kube.access import in_cluster
 from vkprovider.lease import LeaseController
 from vkprovider.memory import MemoryProvider, MemorySettings
@@ -117,7 +117,14 @@ class Runtime:
         settings = self.settings
         node_name = settings.node.name
         access = self._access or cluster_access(settings)
-        client = KubeClient(access, user_agent=f"vkprovider/{node_name}", request_timeout=settings.kube.request_timeout)
+        # One fence for every client of this process (the provider's member clients take it
+        # from this one): losing leadership closes it before anything else can write.
+        client = KubeClient(
+            access,
+            user_agent=f"vkprovider/{node_name}",
+            request_timeout=settings.kube.request_timeout,
+            fence=WriteFence(),
+        )
         self.metrics.track_api_calls(lambda: dict(client.calls))
         supervisor = Supervisor("runtime")
         runners: list[web.AppRunner] = []

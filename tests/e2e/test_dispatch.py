@@ -4,6 +4,7 @@ pod when asked), never partially anywhere, and time out cleanly when no member c
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from functools import partial
@@ -17,9 +18,10 @@ from e2e.fixtures import Lab
 from federation import forge
 from federation.jobs import JobRef
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.memberwatch import MemberWatch, partial_spans
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess
-from vkprovider.kube import ApiError, KubeClient
+from vkprovider.kube import KubeClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -112,50 +114,13 @@ async def job_pods_in_members(lab: Lab, job: JobRef) -> dict[str, list[str]]:
     return out
 
 
-class MemberWatch:
-    """Every pod and PodGroup of a job seen in the members during a test."""
-
-    def __init__(self, lab: Lab, members: list[str], job_hash: str) -> None:
-        self.lab = lab
-        self.members = members
-        self.job_hash = job_hash
-        self.seen: dict[str, set[str]] = {m: set() for m in members}
-        self.tasks: list[asyncio.Task[None]] = []
-
-    async def _watch(self, member: str, path: str) -> None:
-        async with self.lab.client(member) as client:
-            params = {"labelSelector": f"{forge.JOB_LABEL}={self.job_hash}"}
-            listed = await client.list(path, params=params)
-            for item in listed["items"]:
-                self.seen[member].add(item["metadata"]["name"])
-            rv = listed["metadata"]["resourceVersion"]
-            while True:
-                try:
-                    async for event in client.watch(path, resource_version=rv, params=params):
-                        rv = event["object"]["metadata"].get("resourceVersion", rv)
-                        if event["type"] != "BOOKMARK":
-                            self.seen[member].add(event["object"]["metadata"]["name"])
-                except ApiError:
-                    await asyncio.sleep(0.2)
-
-    def start(self) -> None:
-        for member in self.members:
-            for path in ("/api/v1/pods", "/apis/scheduling.k8s.io/v1beta1/podgroups"):
-                self.tasks.append(asyncio.create_task(self._watch(member, path), name=f"test-watch/{member}{path}"))
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
 async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
     lab: Lab, offline: KubeClient, provider: VkProcess
 ) -> None:
     ns = await make_namespace(offline, f"gang16-{uuid.uuid4().hex[:6]}")
     job = JobRef(ns, "native", "train")
-    watch = MemberWatch(lab, ["member-1", "member-3"], forge.job_hash(job))
-    watch.start()
+    watch = MemberWatch.for_job(lab, ["member-1", "member-3"], forge.job_hash(job))
+    await watch.start()
     try:
         annotations = {"vkprovider.io/same-network-pod": "true", "vkprovider.io/gpu-model": V100}
         await offline.create(
@@ -210,8 +175,8 @@ async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
 ) -> None:
     ns = await make_namespace(offline, f"nofit-{uuid.uuid4().hex[:6]}")
     job = JobRef(ns, "native", "huge")
-    watch = MemberWatch(lab, lab.members, forge.job_hash(job))
-    watch.start()
+    watch = MemberWatch.for_job(lab, lab.members, forge.job_hash(job))
+    await watch.start()
     try:
         # 9 GPUs per pod: the pooled node has room in sum, no member node has 9.
         annotations = {"vkprovider.io/gang-timeout-seconds": "8"}
@@ -250,8 +215,8 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
     await start_synced(proc)
     ns = await make_namespace(offline, f"rollback-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "native", "g4")
-    watch = MemberWatch(lab, ["member-2"], forge.job_hash(job))
-    watch.start()
+    watch = MemberWatch.for_job(lab, ["member-2"], forge.job_hash(job))
+    await watch.start()
     try:
         group = pod_group("g4", 4, {"vkprovider.io/gang-timeout-seconds": "8"})
         await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", group)
@@ -449,8 +414,15 @@ async def test_config_maps_secrets_and_headless_services_follow_their_pods(
 async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
+    """kill -9 at 10 random moments while a 32-pod gang is dispatched. Every member is watched
+    for the whole trial, so what happened in between counts, not only the end: no member holds
+    part of the gang for longer than the gang timeout (plus the provider's restart), no member
+    pod is deleted and created again, every member pod runs a live front-end pod (by UID), and
+    the gang ends whole in one member."""
     import random
 
+    timeout = 20.0
+    slack = 3.0  # the gang timer's 0.5 s tick, the rollback's delete and the watch's delivery
     proc = federation_vk(lab, tmp_path, lab.members)
     await start_synced(proc)
     rng = random.Random(32)
@@ -458,43 +430,69 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
         for trial in range(10):
             ns = await make_namespace(offline, f"kill{trial}-{uuid.uuid4().hex[:5]}")
             job = JobRef(ns, "native", "g32")
-            annotations = {"vkprovider.io/gang-timeout-seconds": "20"}
-            await offline.create(
-                f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("g32", 32, annotations)
-            )
-            creating = asyncio.gather(
-                *(
-                    offline.create(f"/api/v1/namespaces/{ns}/pods", gang_pod(f"w{i:02d}", proc.node, "g32", 1))
-                    for i in range(32)
-                )
-            )
-            await asyncio.sleep(rng.uniform(0.2, 2.5))
-            proc.kill()
-            await creating
-            proc.start()
-            await proc.wait_ready(timeout=60)
-
-            async def converged(ns: str = ns) -> bool:
-                items = await pods(offline, ns)
-                return len(items) == 32 and all(p["status"].get("phase") == "Running" for p in items)
-
+            watch = MemberWatch.for_job(lab, lab.members, forge.job_hash(job))
+            await watch.start()
             try:
-                await eventually(converged, timeout=90, what=f"trial {trial}: the 32-pod gang running")
-            except AssertionError as exc:
-                states: dict[str, int] = {}
-                for p in await pods(offline, ns):
-                    state = f"{p['status'].get('phase')}/{p['status'].get('reason')}/{bool(p['spec'].get('nodeName'))}"
-                    states[state] = states.get(state, 0) + 1
-                in_members = {m: len(names) for m, names in (await job_pods_in_members(lab, job)).items()}
-                raise AssertionError(
-                    f"{exc}; front-end pods: {states}; in members: {in_members}; log: {proc.tail(5)}"
-                ) from None
-            placed = await job_pods_in_members(lab, job)
-            holders = [m for m, names in placed.items() if names]
-            assert len(holders) == 1, f"trial {trial}: gang split across {holders}"
-            names = placed[holders[0]]
-            assert sorted(names) == sorted(set(names)) and len(names) == 32, f"trial {trial}: duplicates or missing"
-            await cleanup(lab, offline, ns)
+                annotations = {"vkprovider.io/gang-timeout-seconds": str(int(timeout))}
+                await offline.create(
+                    f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("g32", 32, annotations)
+                )
+                creating = asyncio.gather(
+                    *(
+                        offline.create(f"/api/v1/namespaces/{ns}/pods", gang_pod(f"w{i:02d}", proc.node, "g32", 1))
+                        for i in range(32)
+                    )
+                )
+                await asyncio.sleep(rng.uniform(0.2, 2.5))
+                proc.kill()
+                killed = time.monotonic()
+                await creating
+                proc.start()
+                await proc.wait_ready(timeout=60)
+                restart = time.monotonic() - killed
+
+                async def converged(ns: str = ns) -> bool:
+                    items = await pods(offline, ns)
+                    return len(items) == 32 and all(p["status"].get("phase") == "Running" for p in items)
+
+                try:
+                    await eventually(converged, timeout=90, what=f"trial {trial}: the 32-pod gang running")
+                except AssertionError as exc:
+                    states: dict[str, int] = {}
+                    for p in await pods(offline, ns):
+                        status, bound = p["status"], bool(p["spec"].get("nodeName"))
+                        state = f"{status.get('phase')}/{status.get('reason')}/{bound}"
+                        states[state] = states.get(state, 0) + 1
+                    in_members = {m: len(names) for m, names in (await job_pods_in_members(lab, job)).items()}
+                    raise AssertionError(
+                        f"{exc}; front-end pods: {states}; in members: {in_members}; log: {proc.tail(5)}"
+                    ) from None
+                front = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await pods(offline, ns)}
+                await asyncio.sleep(1.0)  # let the watches deliver the last events
+                watch.check()
+                end = time.monotonic()
+                for member in lab.members:
+                    for began, ended in partial_spans(watch.history, member=member, minimum=32, end=end):
+                        assert ended - began <= timeout + restart + slack, (
+                            f"trial {trial}: {member} held part of the gang for {ended - began:.1f}s "
+                            f"(gang timeout {timeout:.0f}s, restart {restart:.1f}s)"
+                        )
+                recreated = {k: uids for k, uids in watch.uids_by_name().items() if len(uids) > 1}
+                assert not recreated, f"trial {trial}: member pods deleted and created again: {recreated}"
+                strays = {
+                    (s.member, s.name, s.origin_uid)
+                    for s in watch.history
+                    if s.path.endswith("/pods") and front.get(s.name) != s.origin_uid
+                }
+                assert not strays, f"trial {trial}: member pods whose origin is no live front-end pod: {strays}"
+                holders = [m for m in lab.members if watch.holding(m)]
+                assert len(holders) == 1, f"trial {trial}: gang split across {holders}"
+                assert len(watch.holding(holders[0])) == 32, f"trial {trial}: {holders[0]} holds a partial gang"
+            finally:
+                try:
+                    await watch.stop()
+                finally:
+                    await cleanup(lab, offline, ns)  # while the provider runs: it deletes the member pods
     finally:
         proc.ensure_stopped()
 

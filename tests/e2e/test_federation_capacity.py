@@ -30,6 +30,14 @@ from vkprovider.kube import AlreadyExists, KubeClient, NotFound, TooManyRequests
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 RESERVE = 0.10
+#: The settings federation_vk gives the provider, and the intervals they imply.
+UNREACHABLE_GRACE = 8.0
+PUBLISH_INTERVAL = 0.2
+HEALTH_INTERVAL = 2.0  # federation.watch: the member's /readyz probe
+NODE_STATUS_MIN_INTERVAL = 0.5  # vkprovider.settings: node.status_min_interval
+#: Slack on every wall-clock bound: what a loaded 2-core machine adds to a few apiserver round
+#: trips. Bounds are there to catch a missing mechanism, not to measure speed (bench/ does).
+SLACK = 10.0
 CRD = Path(__file__).parents[2] / "federation" / "crds" / "memberclusters.yaml"
 
 
@@ -96,8 +104,8 @@ def federation_vk(lab: Lab, workdir: Path, members: list[str], **overrides: Any)
         "node.provider_id": "federation",
         "provider.federation": {
             "members": [{"name": m, "kubeconfig": str(lab.kubeconfig(m))} for m in members],
-            "unreachable_grace": 8.0,
-            "publish_interval": 0.2,
+            "unreachable_grace": UNREACHABLE_GRACE,
+            "publish_interval": PUBLISH_INTERVAL,
         },
     }
     settings.update(overrides)
@@ -156,14 +164,16 @@ async def test_pooled_node_matches_members_and_follows_load(
         before = await eventually(matches, timeout=30, what="virtual node equal to the members' lendable capacity")
         assert before["gpu"] == 20 * 8 + 20 * 4
 
-        # 20 % -> 70 % of member-1's CPU: the node must follow within 3 s of the load running.
+        # 20 % -> 70 % of member-1's CPU: a decrease is published at once (no damping), so the
+        # node follows within a publish and a node status write, plus slack for a busy machine.
+        # How fast it really is, is measured by bench/reaction.py.
         await online.set_load(member_1, cpu_share=0.7, wait=True, name="tide")
         raised = time.monotonic()
-        after = await eventually(matches, timeout=30, interval=0.1, what="virtual node after the load rise")
+        after = await eventually(matches, timeout=60, interval=0.1, what="virtual node after the load rise")
         took = time.monotonic() - raised
         assert after["cpu"] < before["cpu"]
-        print(f"\nvirtual node followed the 20% -> 70% load rise in {took:.2f}s")
-        assert took < 3.0, f"virtual node followed online load after {took:.2f}s"
+        bound = PUBLISH_INTERVAL + NODE_STATUS_MIN_INTERVAL + SLACK
+        assert took < bound, f"virtual node followed online load after {took:.2f}s (bound {bound:.1f}s)"
         node = await _node(offline, proc.node)
         assert node is not None
         conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
@@ -215,11 +225,19 @@ async def test_member_outage_withdraws_and_restores_capacity(
         return node if node and node_vector(node)["gpu"] == want else None
 
     await eventually(lambda: gpus(240), timeout=30, what="all GPUs")
+    stopping = time.monotonic()
+    # The apiserver shuts down gracefully (it may take seconds to stop answering).
     await asyncio.to_thread(lab_mod.stop_cluster, lab.state_dir, "member-3")
     try:
         stopped = time.monotonic()
-        node = await eventually(lambda: gpus(160), timeout=30, what="member-3's T4s withdrawn")
-        assert time.monotonic() - stopped < 8.0 + 5.0  # the grace (8 s) plus a publish
+        node = await eventually(lambda: gpus(160), timeout=60, what="member-3's T4s withdrawn")
+        withdrawn = time.monotonic()
+        # Withdrawn once the member has not answered for the grace: not before the grace less
+        # one health probe interval after we began stopping it (its last answer came at most
+        # that long before), and within the grace, the publish loop's 1 s tick and the slack
+        # after it was down.
+        assert withdrawn - stopping >= UNREACHABLE_GRACE - HEALTH_INTERVAL, withdrawn - stopping
+        assert withdrawn - stopped < UNREACHABLE_GRACE + 1.0 + SLACK, withdrawn - stopped
         conditions = {c["type"]: c for c in node["status"]["conditions"]}
         assert conditions["Ready"]["status"] == "True"
         assert conditions["MembersReachable"]["status"] == "False"

@@ -135,6 +135,15 @@ class VkProcess:
         with sqlite3.connect(self.state_file) as db:
             return dict(db.execute("SELECT uid, COUNT(*) FROM creates GROUP BY uid").fetchall())
 
+    def create_calls(self) -> dict[str, list[tuple[int, str]]]:
+        """uid -> every create call the provider received for it: (provider run, outcome), where
+        outcome is created, repeated (the backend had it already and said nothing) or refused."""
+        calls: dict[str, list[tuple[int, str]]] = {}
+        with sqlite3.connect(self.state_file) as db:
+            for uid, run, outcome in db.execute("SELECT uid, run, outcome FROM create_calls ORDER BY at"):
+                calls.setdefault(uid, []).append((run, outcome))
+        return calls
+
     def ensure_stopped(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

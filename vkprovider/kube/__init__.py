@@ -6,11 +6,12 @@ of thousands of pods. Everything above this package catches our own error classe
 """
 
 from vkprovider.kube.access import ClusterAccess, load_kubeconfig
-from vkprovider.kube.client import KubeClient, WatchEvent
+from vkprovider.kube.client import KubeClient, WatchEvent, WriteFence
 from vkprovider.kube.errors import (
     AlreadyExists,
     ApiError,
     Conflict,
+    Fenced,
     Forbidden,
     Gone,
     Invalid,
@@ -28,6 +29,7 @@ __all__ = [
     "ApiError",
     "ClusterAccess",
     "Conflict",
+    "Fenced",
     "Forbidden",
     "Gone",
     "Invalid",
@@ -38,6 +40,7 @@ __all__ = [
     "Unauthorized",
     "Unreachable",
     "WatchEvent",
+    "WriteFence",
     "ensure_namespace",
     "load_kubeconfig",
     "resource_path",

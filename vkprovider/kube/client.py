@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from vkprovider.kube.access import ClusterAccess
-from vkprovider.kube.errors import ApiError, Unreachable, error_for
+from vkprovider.kube.errors import ApiError, Fenced, Unreachable, error_for
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
 
@@ -45,6 +45,17 @@ def _query(params: Params | None) -> dict[str, str]:
     return out
 
 
+class WriteFence:
+    """Shared by every client of one process: once closed (leadership lost), no client sends a
+    write again, whatever task asks, so a deposed leader cannot write after it stepped down."""
+
+    def __init__(self) -> None:
+        self.closed: str | None = None
+
+    def close(self, reason: str) -> None:
+        self.closed = self.closed or reason
+
+
 class KubeClient:
     """Requests against one apiserver. Create inside a running event loop; `close()` when done."""
 
@@ -55,8 +66,10 @@ class KubeClient:
         user_agent: str = "vkprovider",
         request_timeout: float = 30.0,
         connection_limit: int = 100,
+        fence: WriteFence | None = None,
     ) -> None:
         self.access = access
+        self.fence = fence
         self.server = access.server
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=5.0)
         self._connector = aiohttp.TCPConnector(ssl=access.ssl_context(), limit=connection_limit)
@@ -97,6 +110,8 @@ class KubeClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """One request; the decoded JSON answer, or an ApiError subclass."""
+        if self.fence is not None and self.fence.closed and method != "GET":
+            raise Fenced(0, "Fenced", f"{method} {path} not sent: {self.fence.closed}")
         self.calls[method] += 1
         data = None if body is None else (body if isinstance(body, (bytes, str)) else orjson.dumps(body))
         client_timeout = self._timeout if timeout is None else aiohttp.ClientTimeout(total=timeout, sock_connect=5.0)
@@ -252,4 +267,4 @@ def _watch_event(line: bytes) -> WatchEvent:
     return WatchEvent(type=str(event.get("type")), object=obj)
 
 
-__all__ = ["ApiError", "KubeClient", "WatchEvent"]
+__all__ = ["ApiError", "KubeClient", "WatchEvent", "WriteFence"]

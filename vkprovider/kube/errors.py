@@ -24,6 +24,10 @@ class Unreachable(ApiError):
     """No HTTP answer at all: connection refused, reset, TLS failure or timeout."""
 
 
+class Fenced(ApiError):
+    """Not sent: this process's writes are fenced off (it lost its leadership)."""
+
+
 class Unauthorized(ApiError):
     """401: the credentials were not accepted."""
 
