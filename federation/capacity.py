@@ -8,8 +8,13 @@ Capacity models, chosen per member:
   batch-cpu/batch-memory, Katalyst reclaimed_millicpu/reclaimed_memory) minus what batch pods
   already request, as canonical cpu and memory; other resources (GPUs, pods) as headroom.
 Time windows scale what is lent by time of day (windows may cross midnight) or cap it; a hard
-cap per member bounds the sums. Our own pods count as used capacity, never as online load: the
-virtual node's allocatable is what is lendable plus what our pods already use.
+cap per member bounds the sums. Windows and caps bound the *total* lent, our running pods
+included: the member allows `allowed` = min(multiplier x the nodes' budgets, cap), where a
+node's budget is what it could lend if none of our pods ran there; what is lendable on top is
+allowed minus what our pods hold. When our pods hold more than is allowed (online load grew
+into the reserve, a window closed, a cap fell), reclaim gives the difference back
+(federation.planner). Our own pods count as used capacity, never as online load: the virtual
+node's allocatable is what is lendable plus what our pods already use.
 """
 
 from __future__ import annotations
@@ -128,6 +133,8 @@ class MemberCapacity:
     numa_largest: dict[str, int] = field(default_factory=dict)  # most free in one NUMA zone
     numa_zones: int = 0
     nodes: list[NodeFree] = field(default_factory=list)
+    #: What the member allows our pods to hold in all (windows and caps applied).
+    allowed: dict[str, int] = field(default_factory=dict)
 
     @property
     def capacity(self) -> dict[str, int]:
@@ -156,6 +163,37 @@ class MemberCapacity:
         }
 
 
+def _limits(
+    budget: dict[str, int], ours: dict[str, int], factor: float, cap: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(allowed in all, what is left to lend on top of our pods) from the nodes' budgets."""
+    allowed = {k: int(v * factor) if factor != 1.0 else v for k, v in budget.items()}
+    allowed = {k: min(v, cap[k]) if k in cap else v for k, v in allowed.items()}
+    remaining = {k: max(0, v - ours.get(k, 0)) for k, v in allowed.items()}
+    return allowed, remaining
+
+
+def _clamp(vec: dict[str, int], limit: dict[str, int]) -> dict[str, int]:
+    return {k: min(v, limit[k]) if k in limit else v for k, v in vec.items()}
+
+
+def _finish(
+    summary: MemberCapacity, remaining: dict[str, int], lendable: dict[str, int], network: dict[str, dict[str, int]]
+) -> MemberCapacity:
+    """Bound the sums and shapes by what is left to lend (no node offers more than the member)."""
+    if any(any(v > remaining.get(k, v) for k, v in n.free.items()) for n in summary.nodes):
+        summary.nodes = [
+            NodeFree(n.name, _clamp(n.free, remaining), n.gpu_product, n.network_pod, n.zone) for n in summary.nodes
+        ]
+    summary.lendable = _clamp(lendable, remaining)
+    summary.network_pods = {k: _clamp(v, remaining) for k, v in network.items()}
+    gpu_limit = remaining.get(quantities.GPU)
+    if gpu_limit is not None:
+        summary.gpus_by_model = {k: min(v, gpu_limit) for k, v in summary.gpus_by_model.items()}
+    summary.largest = _largest(summary.nodes)
+    return _normalize(summary)
+
+
 def summarize(
     name: str,
     inventory: Inventory,
@@ -172,6 +210,8 @@ def summarize(
         ours_total = quantities.add(ours_total, ours_canonical(used))
     summary.ours_used = {k: v for k, v in ours_total.items() if v}
     lendable: dict[str, int] = {}
+    budget: dict[str, int] = {}
+    network: dict[str, dict[str, int]] = {}
     for node in inventory.nodes.values():
         if node.gpu_product and quantities.GPU in node.allocatable:
             summary.gpus_total_by_model[node.gpu_product] = (
@@ -180,15 +220,9 @@ def summarize(
         if not eligible(node, policy):
             continue
         summary.nodes_eligible += 1
-        free = node_free(
-            node,
-            online_used=inventory.online_used.get(node.name, {}),
-            ours_used=inventory.ours_used.get(node.name, {}),
-            policy=policy,
-        )
-        if factor != 1.0:
-            free = {k: int(v * factor) for k, v in free.items()}
-        free = {k: min(v, cap[k]) if k in cap else v for k, v in free.items()}
+        online = inventory.online_used.get(node.name, {})
+        free = node_free(node, online_used=online, ours_used=inventory.ours_used.get(node.name, {}), policy=policy)
+        budget = quantities.add(budget, node_free(node, online_used=online, ours_used={}, policy=policy))
         summary.nodes.append(NodeFree(node.name, free, node.gpu_product, node.network_pod, node.zone))
         lendable = quantities.add(lendable, free)
         if node.gpu_product and free.get(quantities.GPU):
@@ -196,16 +230,13 @@ def summarize(
                 summary.gpus_by_model.get(node.gpu_product, 0) + free[quantities.GPU]
             )
         if node.network_pod:
-            summary.network_pods[node.network_pod] = quantities.add(
-                summary.network_pods.get(node.network_pod, {}), free
-            )
+            network[node.network_pod] = quantities.add(network.get(node.network_pod, {}), free)
         for zone in inventory.numa.get(node.name, ()):
             summary.numa_zones += 1
             for rname, value in zone.available.items():
                 summary.numa_largest[rname] = max(summary.numa_largest.get(rname, 0), value)
-    summary.lendable = {k: min(v, cap[k]) if k in cap else v for k, v in lendable.items()}
-    summary.largest = _largest(summary.nodes, cap)
-    return _normalize(summary)
+    summary.allowed, remaining = _limits(budget, summary.ours_used, factor, cap)
+    return _finish(summary, remaining, lendable, network)
 
 
 def _nonzero(vec: dict[str, int]) -> dict[str, int]:
@@ -222,7 +253,7 @@ def _normalize(summary: MemberCapacity) -> MemberCapacity:
     return summary
 
 
-def _largest(nodes: list[NodeFree], cap: dict[str, int]) -> dict[str, dict[str, int]]:
+def _largest(nodes: list[NodeFree]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for key, resource in (("cpu", quantities.CPU), ("memory", quantities.MEMORY), ("gpu", quantities.GPU)):
         # Ties go to the highest name, so the answer does not depend on iteration order.
@@ -270,6 +301,7 @@ class _NodeShare:
     version: int
     eligible: bool
     free: NodeFree
+    budget: dict[str, int]
     total_gpus: tuple[str, int] | None
     numa_zones: int
     numa: tuple[tuple[str, int], ...]
@@ -289,6 +321,7 @@ class Summarizer:
     def _reset(self) -> None:
         self._shares: dict[str, _NodeShare] = {}
         self._lendable: dict[str, int] = {}
+        self._budget: dict[str, int] = {}
         self._gpus: dict[str, int] = {}
         self._gpus_total: dict[str, int] = {}
         self._network: dict[str, dict[str, int]] = {}
@@ -296,6 +329,7 @@ class Summarizer:
     def _apply(self, share: _NodeShare, sign: int) -> None:
         free = share.free
         self._lendable = quantities.add(self._lendable, free.free, sign)
+        self._budget = quantities.add(self._budget, share.budget, sign)
         if free.gpu_product and free.free.get(quantities.GPU):
             self._gpus[free.gpu_product] = self._gpus.get(free.gpu_product, 0) + sign * free.free[quantities.GPU]
         if share.total_gpus:
@@ -304,40 +338,26 @@ class Summarizer:
         if free.network_pod:
             self._network[free.network_pod] = quantities.add(self._network.get(free.network_pod, {}), free.free, sign)
 
-    def _share(
-        self,
-        inventory: Inventory,
-        node: NodeRecord,
-        version: int,
-        policy: CapacityPolicy,
-        factor: float,
-        cap: dict[str, int],
-    ) -> _NodeShare:
+    def _share(self, inventory: Inventory, node: NodeRecord, version: int, policy: CapacityPolicy) -> _NodeShare:
         total = None
         if node.gpu_product and quantities.GPU in node.allocatable:
             total = (node.gpu_product, node.allocatable[quantities.GPU])
         if not eligible(node, policy):
-            return _NodeShare(version, False, NodeFree(node.name, {}, None, None, None), total, 0, ())
-        vec = node_free(
-            node,
-            online_used=inventory.online_used.get(node.name, {}),
-            ours_used=inventory.ours_used.get(node.name, {}),
-            policy=policy,
-        )
-        if factor != 1.0:
-            vec = {k: int(v * factor) for k, v in vec.items()}
-        vec = {k: min(v, cap[k]) if k in cap else v for k, v in vec.items()}
+            return _NodeShare(version, False, NodeFree(node.name, {}, None, None, None), {}, total, 0, ())
+        online = inventory.online_used.get(node.name, {})
+        vec = node_free(node, online_used=online, ours_used=inventory.ours_used.get(node.name, {}), policy=policy)
+        budget = node_free(node, online_used=online, ours_used={}, policy=policy)
         zones = inventory.numa.get(node.name, ())
         numa = tuple((r, v) for z in zones for r, v in z.available.items())
         free = NodeFree(node.name, vec, node.gpu_product, node.network_pod, node.zone)
-        return _NodeShare(version, True, free, total, len(zones), numa)
+        return _NodeShare(version, True, free, budget, total, len(zones), numa)
 
     def summarize(
         self, inventory: Inventory, policy: CapacityPolicy, *, now: datetime.time | None = None
     ) -> MemberCapacity:
         now = now or datetime.datetime.now().time()
         factor, cap = _window_factor(policy, now)
-        key = (id(inventory), policy, factor, tuple(sorted(cap.items())))
+        key = (id(inventory), policy)
         if key != self._key:
             self._reset()
             self._key = key
@@ -351,7 +371,7 @@ class Summarizer:
                 continue
             if old is not None:
                 self._apply(old, -1)
-            share = self._share(inventory, node, version, policy, factor, cap)
+            share = self._share(inventory, node, version, policy)
             self._shares[name] = share
             self._apply(share, +1)
         summary = MemberCapacity(name=self.name, nodes_total=len(inventory.nodes))
@@ -361,14 +381,12 @@ class Summarizer:
         summary.ours_used = {k: v for k, v in ours_total.items() if v}
         summary.nodes = [s.free for s in self._shares.values() if s.eligible]
         summary.nodes_eligible = len(summary.nodes)
-        summary.lendable = {k: min(v, cap[k]) if k in cap else v for k, v in self._lendable.items()}
         summary.gpus_by_model = {k: v for k, v in self._gpus.items() if v}
         summary.gpus_total_by_model = {k: v for k, v in self._gpus_total.items() if v}
-        summary.network_pods = {k: dict(v) for k, v in self._network.items()}
         for share in self._shares.values():
             summary.numa_zones += share.numa_zones
             if share.numa:
                 for rname, value in share.numa:
                     summary.numa_largest[rname] = max(summary.numa_largest.get(rname, 0), value)
-        summary.largest = _largest(summary.nodes, cap)
-        return _normalize(summary)
+        summary.allowed, remaining = _limits(self._budget, summary.ours_used, factor, cap)
+        return _finish(summary, remaining, self._lendable, {k: dict(v) for k, v in self._network.items()})

@@ -59,6 +59,28 @@ class CapacityConfig(_Model):
         )
 
 
+class ReclaimConfig(_Model):
+    """How a member takes capacity back (federation.reclaim) and where our bands sit in it."""
+
+    notice_seconds: float = Field(
+        30.0, ge=0, alias="noticeSeconds", description="Checkpoint notice when neither pod nor job asks for one."
+    )
+    max_notice_seconds: float = Field(
+        300.0, ge=0, alias="maxNoticeSeconds", description="Longest notice a pod or job may ask for."
+    )
+    online_threshold: int = Field(
+        0,
+        alias="onlineThreshold",
+        le=1_000_000_000,
+        description="Priority from which a member pod is online; our classes sit below it.",
+    )
+    offline_preemption: bool = Field(
+        False,
+        alias="offlinePreemption",
+        description="Let a higher offline band (PS) preempt a lower one (workers) in the member.",
+    )
+
+
 class MemberConfig(_Model):
     name: str = Field(description="Name of the member cluster.")
     kubeconfig: Path | None = Field(None, description="Kubeconfig file of the member (or kubeconfig_secret).")
@@ -75,6 +97,7 @@ class MemberConfig(_Model):
     )
     scheduler_name: str = Field("default-scheduler", description="schedulerName of pods created there.")
     service_account: str = Field("default", description="Service account our pods use in the member.")
+    reclaim: ReclaimConfig = Field(default_factory=ReclaimConfig)
 
 
 class FederationConfig(_Model):

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import forge, placement, reflect
+from federation import bands, disruption, forge, placement, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
@@ -76,10 +76,20 @@ class MemberPods:
         instance: str,
         on_change: Callable[[str], None],
         fence: WriteFence | None = None,
+        on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
     ) -> None:
         self.name = name
         self.access = access
         self._fence = fence
+        self._on_disrupted = on_disrupted
+        #: Front-end ns/name -> the last state of a member pod something else took away, and why:
+        #: its front-end pod ends Failed with that reason and is never re-created.
+        self.tombstones: TTLCache[str, tuple[dict[str, Any], disruption.Disruption]] = TTLCache(
+            maxsize=100_000, ttl=600
+        )
+        #: UIDs of member pods we delete ourselves (their front-end pod went, a gang rolled back).
+        self._expected: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
+        self._reported: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
         self.instance = instance
         self._on_change = on_change
         self.by_origin: dict[str, dict[str, Any]] = {}  # front-end ns/name -> member pod
@@ -128,8 +138,27 @@ class MemberPods:
         else:
             self.jobs.pop(job, None)
 
+    def expect_deletion(self, uid: str) -> None:
+        """We delete this member pod ourselves: its going is no disruption to report."""
+        self._expected[uid] = True
+
+    def _disrupted(self, pod: dict[str, Any], *, gone: bool) -> None:
+        uid = pod["metadata"].get("uid", "")
+        if uid in self._expected or uid in self._reported:
+            return
+        what = disruption.cause_of(pod, member=self.name, gone=gone)
+        if what is None:
+            return
+        self._reported[uid] = True
+        if gone:
+            self.tombstones[self.origin(pod)] = (pod, what)
+        if self._on_disrupted is not None:
+            self._on_disrupted(self.name, pod, what)
+
     def _put(self, pod: dict[str, Any]) -> None:
         self.record(pod)
+        if (pod.get("status") or {}).get("phase") == "Failed":
+            self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
         self._on_change(self.origin(pod))
 
     def _drop(self, pod: dict[str, Any]) -> None:
@@ -139,6 +168,7 @@ class MemberPods:
             del self.by_origin[key]
             self._count(self._job_label(current), -1)
         self._deleted[pod["metadata"].get("uid")] = True
+        self._disrupted(pod, gone=True)
         self._on_change(key)
 
     async def run(self) -> None:
@@ -203,8 +233,10 @@ class Dispatcher:
         capacities: Callable[[], dict[str, MemberCapacity]],
         notify: Callable[[str], None],
         lost: Callable[[str], bool] = lambda member: False,
+        draining: Callable[[str], bool] = lambda member: False,
     ) -> None:
         self.instance = instance
+        self._draining = draining
         self._members = members  # name -> provider Member (config + pods watcher)
         self._capacities = capacities
         self._notify = notify
@@ -262,15 +294,10 @@ class Dispatcher:
         if pods is not None and namespace in pods.namespaces:
             return
         if member not in self._priority_classes:
-            for role, (name, value) in forge.PRIORITY_CLASSES.items():
-                body = {
-                    "apiVersion": "scheduling.k8s.io/v1",
-                    "kind": "PriorityClass",
-                    "metadata": {"name": name, "labels": {forge.MANAGED: "true"}},
-                    "value": value,
-                    "preemptionPolicy": "Never" if role == "worker-max" else "PreemptLowerPriority",
-                    "description": f"vkprovider offline band ({role}), below every online class",
-                }
+            reclaim = self._members()[member].config.reclaim
+            for body in bands.priority_classes(
+                threshold=reclaim.online_threshold, offline_preemption=reclaim.offline_preemption
+            ):
                 with contextlib.suppress(AlreadyExists):
                     await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
             self._priority_classes.add(member)
@@ -436,6 +463,10 @@ class Dispatcher:
         config = entry.config
         namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
         selector = {"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job.ref)},{forge.INSTANCE}={self.instance}"}
+        label = forge.job_hash(job.ref)
+        for member_pod in list(entry.pods.by_origin.values()):
+            if (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) == label:
+                entry.pods.expect_deletion(member_pod["metadata"].get("uid", ""))
         with contextlib.suppress(NotFound):
             await client.delete(f"/api/v1/namespaces/{namespace}/pods", params={**selector, "gracePeriodSeconds": 0})
         api_version, plural = forge.GANG_PATHS[config.gang_api]
@@ -513,12 +544,18 @@ class Dispatcher:
             job.pods[key] = pod
             if job.failed:
                 return
+            tomb = self.tombstone(key)
+            if tomb is not None and (tomb[0]["metadata"].get("labels") or {}).get(forge.ORIGIN_UID) == pod[
+                "metadata"
+            ].get("uid"):
+                self._notify(key)  # taken away in its member: reported, never re-created
+                return
             found = self.member_pod(key)
             if found is not None:
                 job.member = job.member or found[0]
                 return
             pinned = self._recorded_member(job, pod)
-            if pinned and pinned not in self._members():
+            if pinned and (pinned not in self._members() or self._draining(pinned)):
                 job.failed = "MemberRemoved"
                 self._notify_job(job)
                 return
@@ -684,7 +721,14 @@ class Dispatcher:
             if self._lost(member):
                 message = f"member {member} has been unreachable past the grace; the pod is not moved"
                 return pod, failed_status(pod or _stub(key, member_pod), reason="MemberLost", message=message)
+            stopped = disruption.cause_of(member_pod, member=member, gone=False)
+            if stopped is not None:
+                return pod, disruption.disrupted_status(pod or _stub(key, member_pod), stopped)
             return pod, forge.status_from_member(member_pod)
+        tomb = self.tombstone(key)
+        if tomb is not None:
+            last, what = tomb
+            return pod, disruption.disrupted_status(pod or _stub(key, last), what)
         gone_from = self.placed.get(key)
         if gone_from is not None and gone_from not in self._members():
             message = f"member {gone_from} was removed; the pod is not moved to another member"
@@ -701,9 +745,29 @@ class Dispatcher:
             return pod, forge.waiting_status(bound=min(bound, job.gang.min_member), minimum=job.gang.min_member)
         return None, None
 
+    def tombstone(self, key: str) -> tuple[dict[str, Any], disruption.Disruption] | None:
+        """The last state of the pod's member pod and why it was taken away, if it was."""
+        for name in self._members():
+            pods = self.pods_in(name)
+            if pods is not None and key in pods.tombstones:
+                return pods.tombstones[key]
+        return None
+
+    def _forget_tombstone(self, key: str) -> bool:
+        found = False
+        for name in self._members():
+            pods = self.pods_in(name)
+            if pods is not None and pods.tombstones.pop(key, None) is not None:
+                found = True
+        return found
+
     async def delete(self, pod: Pod) -> bool:
         """Delete the pod's member pod; False if there is none."""
         key = pod_key(pod)
+        if self._forget_tombstone(key):
+            self.placed.pop(key, None)
+            self.job_of_pod.pop(key, None)
+            return True
         job_key = self.job_of_pod.get(key)
         job = self.jobs.get(job_key) if job_key else None
         if job is not None:
@@ -718,11 +782,13 @@ class Dispatcher:
             removed = self.placed.pop(key, None) is not None
             return job is not None or removed
         member, member_pod = found
-        client = self.pods_in(member).client  # type: ignore[union-attr]
-        if client is None:
+        pods = self.pods_in(member)
+        client = pods.client if pods is not None else None
+        if client is None or pods is None:
             raise ProviderError(f"member {member} is not connected")
         grace = pod["metadata"].get("deletionGracePeriodSeconds")
         meta = member_pod["metadata"]
+        pods.expect_deletion(meta.get("uid", ""))
         body: dict[str, Any] = {"preconditions": {"uid": meta.get("uid")}}
         if grace is not None:
             body["gracePeriodSeconds"] = grace

@@ -6,7 +6,8 @@ To the member:
 - identity labels and annotations under vkprovider.io/ (front-end uid, job, member, instance);
 - stripped: nodeName, the virtual node's tolerations and selectors, scheduling gates, front-end
   gang keys and service-account token volumes (the member's own account is used instead);
-- schedulerName of the member; priority in the member's offline band, by role;
+- schedulerName of the member; priority in the member's offline band, by role (federation.bands);
+- the pod's band, its job's gang minimum and notice period as annotations (for reclaim);
 - colocation resource names when the member lends through a colocation stack;
 - NUMA and topology annotations, and Guaranteed integer CPUs, untouched;
 - the member's gang keys, and "Same" constraints as the gang's topology or a nodeSelector.
@@ -19,7 +20,7 @@ import copy
 import hashlib
 from typing import Any
 
-from federation import labels, quantities
+from federation import bands, labels, quantities
 from federation.jobs import GangSpec, JobRef
 from federation.placement import Placement
 from vkprovider.objects import Pod, PodStatus
@@ -33,9 +34,6 @@ JOB_KEY = "vkprovider.io/job-key"
 INSTANCE = "vkprovider.io/instance"
 MEMBER = "vkprovider.io/member"
 
-#: The offline band in members, below every online class; by role.
-PRIORITY_CLASSES = {"ps": ("vkprovider-ps", -1000), "worker-min": ("vkprovider-worker-min", -2000)}
-PRIORITY_CLASSES["worker-max"] = ("vkprovider-worker-max", -3000)
 
 VIRTUAL_TOLERATION_KEYS = ("virtual-kubelet.io/provider",)
 VIRTUAL_SELECTOR_PREFIXES = ("vkprovider.io/", "gpu.vkprovider.io/")
@@ -49,12 +47,12 @@ def job_hash(job: JobRef) -> str:
     return hashlib.sha256(job.key.encode()).hexdigest()[:16]
 
 
-ROLE_RANK = {"ps": 3, "worker-min": 2, "worker-max": 1}
+ROLE_RANK = bands.RANK
 
 
 def gang_role(roles: list[str]) -> str:
     """The role whose class a gang's core shares: the highest among its pods."""
-    return max(roles, key=lambda r: ROLE_RANK.get(r, 2), default="worker-min")
+    return max(roles, key=lambda r: ROLE_RANK.get(r, 2), default=bands.DEFAULT)
 
 
 def gang_name(job: JobRef) -> str:
@@ -138,7 +136,7 @@ def to_member(
     spec["schedulerName"] = "volcano" if gang_api == "volcano" and gang.is_gang else scheduler_name
     in_gang = in_gang and gang.is_gang
     effective_role = gang_role if in_gang and gang_role else role
-    spec["priorityClassName"] = PRIORITY_CLASSES.get(effective_role, PRIORITY_CLASSES["worker-min"])[0]
+    spec["priorityClassName"] = bands.class_name(effective_role)
     spec["serviceAccountName"] = service_account
     spec.pop("serviceAccount", None)
     spec["automountServiceAccountToken"] = False
@@ -165,8 +163,13 @@ def to_member(
             ORIGIN_NAME: meta.get("name", ""),
             JOB_KEY: job.key,
             MEMBER: member,
+            # What a restarted provider's reclaim planner needs without the front end.
+            labels.BAND: role,
+            labels.GANG_MIN: str(gang.min_member if gang.is_gang else 0),
         }
     )
+    if gang.checkpoint_seconds and labels.CHECKPOINT_SECONDS not in annotations:
+        annotations[labels.CHECKPOINT_SECONDS] = f"{gang.checkpoint_seconds:g}"
     if in_gang:
         name = gang_name(job)
         if gang_api == "native":
@@ -210,7 +213,7 @@ def gang_object(
     if gang_api == "native":
         spec: dict[str, Any] = {
             "schedulingPolicy": {"gang": {"minCount": gang.min_member}},
-            "priorityClassName": PRIORITY_CLASSES.get(role, PRIORITY_CLASSES["worker-min"])[0],
+            "priorityClassName": bands.class_name(role),
         }
         key = network_pod_label if gang.same_network else gang.topology_key
         if key:
@@ -222,7 +225,7 @@ def gang_object(
     spec = {
         "minMember": gang.min_member,
         "queue": "default",
-        "priorityClassName": PRIORITY_CLASSES.get(role, PRIORITY_CLASSES["worker-min"])[0],
+        "priorityClassName": bands.class_name(role),
     }
     return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": meta, "spec": spec}
 
@@ -243,7 +246,8 @@ STATUS_FIELDS = (
     "podIPs",
     "startTime",
 )
-OWN_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "DisruptionTarget")
+#: DisruptionTarget is not mapped here: federation.disruption writes it with the terminal phase.
+OWN_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
 
 
 def status_from_member(member_pod: dict[str, Any]) -> PodStatus:

@@ -42,6 +42,27 @@ class PodRecord:
     ours: bool
 
 
+@dataclass(slots=True)
+class PendingRecord:
+    """An online pod that waits for room and will not preempt: what reclaim can make room for."""
+
+    requests: Requests
+    priority: int
+    node_selector: tuple[tuple[str, str], ...]
+
+
+def waits_without_preempting(obj: dict[str, Any]) -> bool:
+    """Unbound, unschedulable for now, and with preemptionPolicy Never: it waits for room."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if spec.get("nodeName") or spec.get("preemptionPolicy") != "Never" or status.get("phase", "Pending") != "Pending":
+        return False
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or []
+    )
+
+
 def _interned(value: str | None) -> str | None:
     return sys.intern(value) if value else None
 
@@ -120,6 +141,8 @@ class Inventory:
     numa: dict[str, tuple[NumaZone, ...]] = field(default_factory=dict)
     online_used: dict[str, dict[str, int]] = field(default_factory=dict)
     ours_used: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Online pods waiting for room without preempting (keyed like `pods`).
+    pending: dict[str, PendingRecord] = field(default_factory=dict)
     _shapes: dict[Requests, Requests] = field(default_factory=dict)
     version: int = 0
     #: Per node, the inventory version of its last change (record, usage or NUMA): lets
@@ -198,10 +221,18 @@ class Inventory:
         old = self.pods.pop(key, None)
         if old is not None:
             self._account(old, -1)
+        ours = (meta.get("labels") or {}).get(labels.MANAGED) == "true"
+        if not ours and waits_without_preempting(obj):
+            self.pending[key] = PendingRecord(
+                self._compact(pod_requests(spec)),
+                int(spec.get("priority") or 0),
+                tuple(sorted((spec.get("nodeSelector") or {}).items())),
+            )
+        else:
+            self.pending.pop(key, None)
         # Terminal pods free their node; terminating ones still hold it until they are gone,
         # as the scheduler counts them.
         if node and phase not in ("Succeeded", "Failed"):
-            ours = (meta.get("labels") or {}).get(labels.MANAGED) == "true"
             record = PodRecord(sys.intern(node), self._compact(pod_requests(spec)), ours)
             self.pods[key] = record
             self._account(record, +1)
@@ -209,6 +240,7 @@ class Inventory:
     def delete_pod(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        self.pending.pop(key, None)
         old = self.pods.pop(key, None)
         if old is not None:
             self._account(old, -1)
@@ -217,6 +249,7 @@ class Inventory:
         for node in set(self.online_used) | set(self.ours_used):
             self.touch(node)
         self.pods = {}
+        self.pending = {}
         self.online_used = {}
         self.ours_used = {}
         for obj in objs:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from federation import bands
+
 NATIVE = "native"
 SCHEDULER_PLUGINS = "scheduler-plugins"
 VOLCANO = "volcano"
@@ -36,7 +38,8 @@ SAME_NETWORK = "vkprovider.io/same-network-pod"
 SAME_GPU_MODEL = "vkprovider.io/same-gpu-model"
 GPU_MODEL = "vkprovider.io/gpu-model"
 GANG_TIMEOUT = "vkprovider.io/gang-timeout-seconds"
-ROLE_LABEL = "vkprovider.io/role"
+ROLE_LABEL = bands.ROLE_LABEL
+CHECKPOINT_SECONDS = "vkprovider.io/checkpoint-seconds"
 
 #: The group object each source keeps, as (apiVersion, plural).
 GROUP_RESOURCES = {
@@ -69,6 +72,7 @@ class GangSpec:
     same_gpu_model: bool = False
     gpu_model: str | None = None
     topology_key: str | None = None  # the native group's own topology constraint, if any
+    checkpoint_seconds: float | None = None  # the notice period the job's group object asks for
 
     @property
     def is_gang(self) -> bool:
@@ -142,20 +146,10 @@ def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> G
         same_gpu_model=_flag(group_annotations, annotations, key=SAME_GPU_MODEL),
         gpu_model=group_annotations.get(GPU_MODEL) or annotations.get(GPU_MODEL),
         topology_key=topology_key,
+        checkpoint_seconds=_number(group_annotations.get(CHECKPOINT_SECONDS), 0) or None,
     )
 
 
 def role_of(pod: dict[str, Any]) -> str:
-    """ps, worker-min or worker-max, from the role label or the priority band."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    if labels.get(ROLE_LABEL) in ("ps", "worker-min", "worker-max"):
-        return str(labels[ROLE_LABEL])
-    priority = (pod.get("spec") or {}).get("priority")
-    if isinstance(priority, int):
-        if 2001 <= priority <= 3000:
-            return "ps"
-        if 1001 <= priority <= 2000:
-            return "worker-min"
-        if 1 <= priority <= 1000:
-            return "worker-max"
-    return "worker-min"
+    """ps, worker-min or worker-max (federation.bands)."""
+    return bands.band_of(pod)

@@ -15,3 +15,17 @@ COLOCATION_RESOURCES = {
     "resource.katalyst.kubewharf.io/reclaimed_millicpu": "cpu",  # Katalyst, millicores
     "resource.katalyst.kubewharf.io/reclaimed_memory": "memory",  # Katalyst, bytes
 }
+
+#: Reclaim (federation.reclaim): the RFC 3339 deadline of a checkpoint notice, on the front-end
+#: and member pod (readable through a downward-API volume), and the last reclaim a job saw.
+RECLAIM_AT = "vkprovider.io/reclaim-at"
+RECLAIM_REASON = "vkprovider.io/reclaim-reason"
+LAST_RECLAIM = "vkprovider.io/last-reclaim"
+#: Notice period a pod (or its job's PodGroup) asks for, in seconds.
+CHECKPOINT_SECONDS = "vkprovider.io/checkpoint-seconds"
+#: On member pods: the pod's band and its job's gang minimum, so a restarted provider can plan
+#: without the front end.
+BAND = "vkprovider.io/band"
+GANG_MIN = "vkprovider.io/gang-min"
+#: The ReplicaSet controller's hint; the planner uses it as a tie-breaker.
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -25,8 +25,10 @@ import yaml
 from federation import capacity, forge, quantities
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
-from federation.config import CapacityConfig, FederationConfig, MemberConfig
+from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig
 from federation.dispatch import Dispatcher, MemberPods
+from federation.inventory import Inventory
+from federation.reclaim import Reclaimer, ReclaimMetrics
 from federation.watch import MemberWatcher
 from vkprovider import logs
 from vkprovider.events import EventRecorder
@@ -57,6 +59,9 @@ class CapacitySource(Protocol):
     @property
     def last_contact_wall(self) -> float | None: ...
 
+    @property
+    def inventory(self) -> Inventory: ...
+
     def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity: ...
 
     async def run(self) -> None: ...
@@ -85,6 +90,10 @@ class DirectSource:
     def unreachable_for(self) -> float:
         return self.watcher.unreachable_for()
 
+    @property
+    def inventory(self) -> Inventory:
+        return self.watcher.inventory
+
     def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
         return self._summarizer.summarize(self.watcher.inventory, policy)
 
@@ -103,10 +112,24 @@ class Member:
     summary: MemberCapacity | None = None
     reachable: bool = True
     status_written: dict[str, Any] = field(default_factory=dict)
+    #: Disabled or removed while our pods ran there: they leave through reclaim notices first.
+    draining: bool = False
+    removed: bool = False
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    def inventory(self) -> Inventory | None:
+        return self.source.inventory
+
+    def pods_index(self) -> MemberPods | None:
+        return self.pods
+
+    @property
+    def serves_pods(self) -> bool:
+        """Our pods there are followed (and their status reported): enabled, or draining."""
+        return self.pods is not None and (self.config.enabled or self.draining)
 
 
 def _condition(ctype: str, ok: bool, reason: str, message: str, now: str) -> dict[str, Any]:
@@ -133,6 +156,7 @@ def member_from_object(obj: dict[str, Any]) -> MemberConfig:
         namespace_prefix=(spec.get("namespaceMapping") or {}).get("prefix", ""),
         gang_api=spec.get("gangApi", "native"),
         scheduler_name=spec.get("schedulerName", "default-scheduler"),
+        reclaim=ReclaimConfig.model_validate(spec.get("reclaim") or {}),
     )
 
 
@@ -158,10 +182,15 @@ class FederationProvider:
         self._pod_callbacks: list[PodChanged] = []
         self.dispatcher = Dispatcher(
             instance=node_name,
-            members=lambda: {n: m for n, m in self.members.items() if m.config.enabled and m.pods is not None},
+            members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
             capacities=lambda: {n: m.summary for n, m in self.members.items() if m.summary is not None and m.reachable},
             notify=self._pod_changed,
             lost=lambda name: name in self.members and not self.members[name].reachable,
+            draining=lambda name: name in self.members and self.members[name].draining,
+        )
+        self.reclaimer = Reclaimer(
+            members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
+            instance=node_name,
         )
         #: Set once the configured members are added and MemberCluster objects listed.
         self.started = asyncio.Event()
@@ -197,6 +226,7 @@ class FederationProvider:
                     instance=self.node_name,
                     on_change=self._pod_changed,
                     fence=self._client.fence if self._client is not None else None,
+                    on_disrupted=self.reclaimer.disrupted,
                 )
                 member.pods_task = loop.create_task(member.pods.run(), name=f"federation/pods/{config.name}")
         self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
@@ -230,7 +260,9 @@ class FederationProvider:
     def node_names(self) -> list[str]:
         if self.config.virtual_nodes == "pooled":
             return [self.node_name]
-        return [f"{self.node_name}-{name}" for name, m in sorted(self.members.items()) if m.config.enabled]
+        return [
+            f"{self.node_name}-{name}" for name, m in sorted(self.members.items()) if m.config.enabled or m.draining
+        ]
 
     def notify_node_set(self, callback: Callable[[], None]) -> None:
         self._node_set_callbacks.append(callback)
@@ -238,7 +270,11 @@ class FederationProvider:
     def _members_of(self, node: str) -> list[Member]:
         if self.config.virtual_nodes == "pooled":
             return [m for m in self.members.values() if m.config.enabled]
-        return [m for name, m in self.members.items() if f"{self.node_name}-{name}" == node and m.config.enabled]
+        return [
+            m
+            for name, m in self.members.items()
+            if f"{self.node_name}-{name}" == node and (m.config.enabled or m.draining)
+        ]
 
     def _compute_node(self, node: str) -> NodeStatus:
         members = self._members_of(node)
@@ -293,9 +329,12 @@ class FederationProvider:
     def _publish(self) -> None:
         """Recompute summaries and node status; notify nodes whose published status changed."""
         now = time.monotonic()
-        for member in self.members.values():
+        for member in list(self.members.values()):
             if not member.config.enabled:
                 member.summary = None
+                if member.draining:
+                    member.reachable = member.source.unreachable_for() <= self.config.unreachable_grace
+                    self._finish_drain(member)
                 continue
             reachable = member.source.unreachable_for() <= self.config.unreachable_grace
             if reachable != member.reachable:
@@ -318,6 +357,31 @@ class FederationProvider:
             if changed or previous is None or _meta_differs(previous, computed):
                 for callback in self._node_callbacks:
                     callback(node)
+
+    def _finish_drain(self, member: Member) -> None:
+        """A drained member (no pod of ours left) is removed, or kept disabled without watches."""
+        pods = member.pods
+        if pods is None or not pods.synced.is_set() or pods.by_origin:
+            return
+        self._log.info("member drained", cluster=member.name, removed=member.removed)
+        if member.removed:
+            self.remove_member(member.name)
+        else:
+            self.add_member(member.config, None, from_object=member.from_object)
+
+    def _drain(self, member: Member, config: MemberConfig, *, removed: bool) -> bool:
+        """Disable (or remove) a member whose pods must leave through notices first; False when
+        none of ours runs there (it can go at once)."""
+        if member.pods is None or (member.pods.synced.is_set() and not member.pods.by_origin):
+            return False
+        member.config = config
+        member.draining = True
+        member.removed = member.removed or removed
+        member.summary = None
+        self._log.info("draining member", cluster=member.name, pods=len(member.pods.by_origin), removed=removed)
+        self._node_set_changed()
+        self._changed()
+        return True
 
     async def _publish_loop(self) -> None:
         while True:
@@ -359,6 +423,21 @@ class FederationProvider:
             return
         if existing is not None and existing.config == config:
             return
+        if existing is not None and not config.enabled and existing.config.enabled:
+            if self._drain(existing, config, removed=False):
+                return
+        elif (
+            existing is not None
+            and _same_connection(existing.config, config)
+            and config.enabled
+            and (existing.draining or existing.config.enabled)
+        ):
+            # Capacity, weights, reclaim settings: applied in place, watches and notices kept.
+            existing.config = config
+            existing.draining = existing.removed = False
+            self._node_set_changed()
+            self._changed()
+            return
         self.add_member(config, access, from_object=True)
 
     async def _watch_member_objects(self) -> None:
@@ -371,7 +450,9 @@ class FederationProvider:
                     seen.add(obj["metadata"]["name"])
                     await self._apply_object(obj)
                 for name in [n for n, m in self.members.items() if m.from_object and n not in seen]:
-                    self.remove_member(name)
+                    member = self.members[name]
+                    if not self._drain(member, member.config.model_copy(update={"enabled": False}), removed=True):
+                        self.remove_member(name)
                 self.started.set()
                 rv = listed["metadata"]["resourceVersion"]
                 while True:
@@ -381,9 +462,11 @@ class FederationProvider:
                         if event["type"] == "BOOKMARK":
                             continue
                         if event["type"] == "DELETED":
-                            member = self.members.get(obj["metadata"]["name"])
-                            if member is not None and member.from_object:
-                                self.remove_member(member.name)
+                            gone = self.members.get(obj["metadata"]["name"])
+                            if gone is not None and gone.from_object:
+                                disabled = gone.config.model_copy(update={"enabled": False})
+                                if not self._drain(gone, disabled, removed=True):
+                                    self.remove_member(gone.name)
                         else:
                             await self._apply_object(obj)
             except NotFound:
@@ -439,12 +522,15 @@ class FederationProvider:
         self._client = client
         self.dispatcher.front = client
         self.dispatcher.events = EventRecorder(client, component="vkprovider-federation", host=self.node_name)
+        self.reclaimer.front = client
+        self.reclaimer.events = self.dispatcher.events
         for member in self.config.members:
             access = load_kubeconfig(member.kubeconfig) if member.kubeconfig else None
             self.add_member(member, access)
         tasks = [
             asyncio.create_task(self._publish_loop(), name="federation/publish"),
             asyncio.create_task(self.dispatcher.run(), name="federation/reflected-gc"),
+            asyncio.create_task(self.reclaimer.run(), name="federation/reclaim"),
         ]
         if self.config.member_objects:
             tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
@@ -493,7 +579,14 @@ class FederationProvider:
                 "state": state,
                 "networkPod": job.place.network_pod if job.place else None,
             }
-        return {"members": members, "virtualNodes": nodes, "jobs": jobs}
+        for name, member in self.members.items():
+            if member.draining and name in members:
+                members[name]["draining"] = True
+        return {"members": members, "virtualNodes": nodes, "jobs": jobs, "reclaims": self.reclaimer.view()}
+
+    def register_metrics(self, registry: Any) -> None:
+        """Reclaim's counters and histograms, exposed with the runtime's (/metrics)."""
+        self.reclaimer.metrics = ReclaimMetrics(registry)
 
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 
@@ -560,6 +653,17 @@ class FederationProvider:
                 uid = (member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")
                 out.append({"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}})
         return out
+
+
+def _same_connection(a: MemberConfig, b: MemberConfig) -> bool:
+    """Whether two settings of a member reach it the same way (no new watches needed)."""
+    return (a.kubeconfig, a.source, a.agent_address, a.agent_tls_ca, a.namespace_prefix) == (
+        b.kubeconfig,
+        b.source,
+        b.agent_address,
+        b.agent_tls_ca,
+        b.namespace_prefix,
+    )
 
 
 def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:

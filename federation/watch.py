@@ -20,7 +20,8 @@ from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, NotFound
 NODES = "/api/v1/nodes"
 PODS = "/api/v1/pods"
 TOPOLOGIES = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
-LIVE_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+#: Live pods, bound or not: unbound online pods that wait for room are what reclaim serves.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class MemberWatcher:

@@ -287,9 +287,11 @@ class PodController:
         if podstatus.status_differs(pod.get("status", {}), desired) or annotations:
             if self._settle(key, desired):
                 return
+            first_end = not podstatus.is_terminal(pod)
             await self._write_status(pod, desired, annotations=annotations)
-            if desired.get("reason") == "Evicted":
-                await self._events.emit(pod, reason="Evicted", message=desired.get("message", ""), warning=True)
+            if first_end and (desired.get("reason") == "Evicted" or podstatus.disrupted(desired)):
+                reason = desired.get("reason") or "Disrupted"
+                await self._events.emit(pod, reason=reason, message=desired.get("message", ""), warning=True)
 
     def _settle(self, key: str, desired: PodStatus) -> bool:
         """True (and the key queued for later) while a new pod's first status write waits: only

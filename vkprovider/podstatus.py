@@ -28,6 +28,9 @@ OWNED_FIELDS = (
     "startTime",
 )
 OWNED_CONDITIONS = frozenset({"Initialized", "Ready", "ContainersReady", "PodReadyToStartContainers"})
+#: Shared with other writers, as the kubelet shares it: the runtime writes the provider's only
+#: together with a terminal phase (one write: Failed and why), and otherwise keeps what is there.
+DISRUPTION = "DisruptionTarget"
 
 #: The mutable parts of a pod spec and metadata (what an update can change).
 MUTABLE_SPEC_FIELDS = ("activeDeadlineSeconds", "tolerations", "ephemeralContainers")
@@ -83,8 +86,10 @@ def desired_status(api_pod: Pod, provider_status: PodStatus, *, host_ip: str) ->
     old = _conditions_by_type(current)
     conditions: list[PodCondition] = []
     provided = _conditions_by_type(provider_status)
+    terminal = provider_status.get("phase") in TERMINAL_PHASES
+    owned = OWNED_CONDITIONS | ({DISRUPTION} if terminal and DISRUPTION in provided else set())
     for ctype, cond in provided.items():
-        if ctype not in OWNED_CONDITIONS:
+        if ctype not in owned:
             continue
         merged: PodCondition = dict(cond)  # type: ignore[assignment]
         prior = old.get(ctype)
@@ -92,10 +97,17 @@ def desired_status(api_pod: Pod, provider_status: PodStatus, *, host_ip: str) ->
             merged["lastTransitionTime"] = prior["lastTransitionTime"]
         conditions.append(merged)
     for ctype, cond in old.items():
-        if ctype not in OWNED_CONDITIONS:
+        if ctype not in owned:
             conditions.append(cond)
     desired["conditions"] = sorted(conditions, key=lambda c: c.get("type", ""))
     return desired
+
+
+def disrupted(status: PodStatus) -> bool:
+    """A terminal status that says the pod was taken away (a DisruptionTarget condition)."""
+    return status.get("phase") in TERMINAL_PHASES and any(
+        c.get("type") == DISRUPTION and c.get("status") == "True" for c in status.get("conditions", [])
+    )
 
 
 def _comparable(status: PodStatus) -> dict[str, Any]:

@@ -150,3 +150,11 @@ class Viewable(Protocol):
 
     def view(self) -> dict[str, Any]:
         """The current view."""
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """Optional: a provider's own Prometheus metrics, served with the runtime's at /metrics."""
+
+    def register_metrics(self, registry: Any) -> None:
+        """Create the provider's metrics in `registry` (a prometheus_client CollectorRegistry)."""

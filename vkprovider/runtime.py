@@ -30,7 +30,7 @@ from vkprovider.memory import MemoryProvider, MemorySettings
 from vkprovider.metrics import Metrics
 from vkprovider.node import NodeController
 from vkprovider.pods import PodController
-from vkprovider.provider import MultiNode, PodLifecycle, Runnable, Viewable
+from vkprovider.provider import MetricsSource, MultiNode, PodLifecycle, Runnable, Viewable
 from vkprovider.settings import Settings, SettingsError
 from vkprovider.supervisor import Supervisor
 
@@ -83,6 +83,8 @@ class Runtime:
         self.provider = provider
         self._access = access
         self.metrics = Metrics()
+        if isinstance(provider, MetricsSource):
+            provider.register_metrics(self.metrics.registry)
         self._stop = asyncio.Event()
         self._ready = False
         self._log = logs.get("runtime", node=settings.node.name)

@@ -6,12 +6,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from e2e import procs
-from vkprovider.kube import KubeClient, NotFound, ensure_namespace
+from vkprovider.kube import AlreadyExists, KubeClient, NotFound, TooManyRequests, ensure_namespace
 
 T = TypeVar("T")
+
+CRD = Path(__file__).parents[2] / "federation" / "crds" / "memberclusters.yaml"
+MEMBERS = "/apis/vkprovider.io/v1alpha1/memberclusters"
 
 
 async def eventually(
@@ -69,3 +75,22 @@ async def pods(client: KubeClient, namespace: str, selector: str | None = None) 
 def lab_processes(marker: str) -> list[int]:
     """PIDs of live processes whose command line contains `marker`."""
     return procs.find(marker)
+
+
+async def install_member_cluster_crd(offline: KubeClient) -> None:
+    """Install the MemberCluster CRD, or bring an older one up to date (its schema prunes
+    fields it does not know)."""
+    crd = yaml.safe_load(CRD.read_text())
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    try:
+        await offline.create(path, crd)
+    except AlreadyExists:
+        current = await offline.get(f"{path}/{crd['metadata']['name']}")
+        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        await offline.replace(f"{path}/{crd['metadata']['name']}", crd)
+    for _ in range(100):
+        try:
+            await offline.list(MEMBERS)
+            return
+        except (NotFound, TooManyRequests):  # the new resource is still being set up
+            await asyncio.sleep(0.1)

@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 
 from e2e import lab as lab_mod
 from e2e import online
 from e2e.fixtures import Lab
-from tests.e2e.helpers import eventually
+from tests.e2e.helpers import eventually, install_member_cluster_crd
 from tests.e2e.vk import VkProcess, free_port
-from vkprovider.kube import AlreadyExists, KubeClient, NotFound, TooManyRequests
+from vkprovider.kube import KubeClient, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -252,16 +251,7 @@ async def test_member_outage_withdraws_and_restores_capacity(
 async def test_member_cluster_objects_added_and_removed_at_run_time(
     lab: Lab, offline: KubeClient, tmp_path: Path, started: list[VkProcess]
 ) -> None:
-    try:
-        await offline.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(CRD.read_text()))
-    except AlreadyExists:  # installed by an earlier test run
-        pass
-    for _ in range(100):
-        try:
-            await offline.list("/apis/vkprovider.io/v1alpha1/memberclusters")
-            break
-        except (NotFound, TooManyRequests):  # the new resource is still being set up
-            await asyncio.sleep(0.1)
+    await install_member_cluster_crd(offline)
     proc = federation_vk(lab, tmp_path, ["member-1"])
     started.append(proc)
     proc.start()

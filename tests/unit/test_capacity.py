@@ -173,6 +173,23 @@ def test_time_windows_cross_midnight_and_caps() -> None:
     assert by_day.largest["cpu"]["cpu"] == 2000
 
 
+def test_caps_and_windows_bound_the_total_lent_our_pods_included() -> None:
+    """A cap is the member's quota for all our pods together: what is lendable on top is the
+    cap minus what ours hold; lowering it below that leaves nothing to lend and an allowance
+    below what is held (the reclaim planner's deficit)."""
+    inv = inventory([node("a"), node("b")], [pod("ours", "a", {"cpu": "6"}, ours=True)])
+    capped = summarize("m", inv, CapacityPolicy(reserve_percent=0, cap={"cpu": 8000}), now=NOON)
+    assert capped.allowed["cpu"] == 8000 and capped.lendable["cpu"] == 2000
+    assert capped.largest["cpu"]["cpu"] == 2000  # no node offers more than the member lends
+    assert capped.capacity["cpu"] == 8000  # what the virtual node shows: held plus lendable
+    lowered = summarize("m", inv, CapacityPolicy(reserve_percent=0, cap={"cpu": 4000}), now=NOON)
+    assert lowered.allowed["cpu"] == 4000 and "cpu" not in lowered.lendable
+    half = TimeWindow(datetime.time(0, 0), datetime.time(23, 59), multiplier=0.5)
+    windowed = summarize("m", inv, CapacityPolicy(reserve_percent=0, windows=(half,)), now=NOON)
+    assert windowed.allowed["cpu"] == 10000  # half of both nodes' budgets (20 cores)
+    assert windowed.lendable["cpu"] == 4000
+
+
 def test_shapes_gpu_models_network_pods_numa() -> None:
     nodes = [
         node("v1", gpus=8, labels={"nvidia.com/gpu.product": "V100", "vkprovider.io/network-pod": "np0"}),
