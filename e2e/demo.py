@@ -168,6 +168,9 @@ async def demo(state_dir: Path) -> None:
     config = yaml.safe_load(lab_mod.provider_config(lab, "federation", node=NODE, port=PORT))
     config["http"]["health_port"] = HEALTH
     config["log"] = {"format": "json"}
+    # A short checkpoint notice, so the demo's reclaim step is over in seconds.
+    for member in config["provider"]["federation"]["members"]:
+        member["reclaim"] = {"notice_seconds": RECLAIM_NOTICE}
     config_path = state_dir / "vkprovider.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log = open(state_dir / "logs" / "vkprovider.log", "ab")  # noqa: SIM115 - handed to the process
@@ -210,7 +213,51 @@ async def demo(state_dir: Path) -> None:
     print(vk_status.render(vk_status.fetch(url)))
     print()
     print(await status.table(lab))
+    await _reclaim_step(lab, url)
     print(f"\nall of it keeps running; kubeconfigs in {state_dir}/kubeconfig/, stop it with `make down`")
+
+
+RECLAIM_NOTICE = 10
+
+
+async def _reclaim_step(lab: state.LabState, url: str) -> None:
+    """Online load grows to 85 % of the CPU of the member that runs the ring job, into the
+    reserve it lends from: the planner gives capacity back, worker-max pods first, each with a
+    checkpoint notice."""
+    async with KubeClient(load_kubeconfig(lab.kubeconfig("offline"))) as client:
+        ring = await client.get(f"/api/v1/namespaces/{NS}/pods/ring-0")
+    member = (ring["metadata"].get("annotations") or {}).get("vkprovider.io/member") or "member-1"
+    print(f"\nonline load in {member} (where the ring job runs) grows to 85 % of its CPU, into its reserve")
+    await online.set_load(lab.kubeconfig(member), cpu_share=0.85, wait=True, name="web")
+    view: dict[str, Any] = {}
+    for _ in range(100):
+        view = vk_status.fetch(url)
+        if view.get("reclaims") and all(v.get("reclaimAt") for vs in view["reclaims"].values() for v in vs):
+            break
+        await asyncio.sleep(0.2)
+    print(f"$ vkprovider status   # the planner's victims, each noticed {RECLAIM_NOTICE}s ahead")
+    print(vk_status.render(view))
+    victims = {v["pod"].split("/", 1)[1] for vs in view.get("reclaims", {}).values() for v in vs}
+    async with KubeClient(load_kubeconfig(lab.kubeconfig("offline"))) as client:
+        for _ in range(200):
+            items = (await client.list(f"/api/v1/namespaces/{NS}/pods"))["items"]
+            ended = {p["metadata"]["name"] for p in items if p["status"].get("phase") == "Failed"}
+            if victims <= ended:
+                break
+            await asyncio.sleep(0.2)
+    print(f"\n$ kubectl -n {NS} get pods   # the victims ended Failed, reason Reclaimed; the rest runs on")
+    print(
+        _kubectl(
+            lab,
+            "-n",
+            NS,
+            "get",
+            "pods",
+            "-o",
+            "custom-columns=NAME:.metadata.name,PHASE:.status.phase,"
+            "REASON:.status.reason,RECLAIM-AT:.metadata.annotations.vkprovider\\.io/reclaim-at",
+        )
+    )
 
 
 DEMO_CPU = 2 * 8 + 4 * 8 + 8 * 16 + 3 * 2  # the cores the demo's pods request

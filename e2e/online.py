@@ -16,6 +16,8 @@ from vkprovider.kube import AlreadyExists, KubeClient, NotFound, load_kubeconfig
 
 NAMESPACE = "online"
 PRIORITY_CLASS = "online-high"
+#: The same priority, for online services that wait for room rather than preempt.
+PATIENT_CLASS = "online-patient"
 MEMORY_PER_CORE_GI = 2
 
 
@@ -75,7 +77,7 @@ def schedulable_cpu(nodes: list[dict[str, Any]]) -> float:
     return total
 
 
-def deployment(name: str, replicas: int, pod_cpu: float) -> dict[str, Any]:
+def deployment(name: str, replicas: int, pod_cpu: float, *, preempting: bool = True) -> dict[str, Any]:
     cpu = f"{int(pod_cpu * 1000)}m"
     memory = f"{int(pod_cpu * MEMORY_PER_CORE_GI * 1024)}Mi"
     labels = {"app": f"online-{name}", "vkprovider.io/lab-load": "online"}
@@ -90,7 +92,7 @@ def deployment(name: str, replicas: int, pod_cpu: float) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "priorityClassName": PRIORITY_CLASS,
+                    "priorityClassName": PRIORITY_CLASS if preempting else PATIENT_CLASS,
                     "terminationGracePeriodSeconds": 1,
                     "containers": [
                         {
@@ -113,16 +115,32 @@ async def set_load(
     name: str = "web",
     wait: bool = False,
     timeout: float = 120.0,
+    preempting: bool = True,
+    replicas: int | None = None,
 ) -> LoadResult:
-    """Create or scale the online Deployment `name` to `cpu_share` of the member's CPU."""
+    """Create or scale the online Deployment `name` to `cpu_share` of the member's CPU (or to
+    `replicas`). Its pods preempt lower priorities when they find no room, unless `preempting`
+    is off: then they wait (preemptionPolicy Never), as some online services choose."""
     async with KubeClient(load_kubeconfig(kubeconfig), user_agent="vkprovider-lab-online") as client:
         nodes = (await client.list("/api/v1/nodes"))["items"]
         allocatable = schedulable_cpu(nodes)
-        replicas = replicas_for(share=cpu_share, allocatable_cpu=allocatable, pod_cpu=pod_cpu)
+        if replicas is None:
+            replicas = replicas_for(share=cpu_share, allocatable_cpu=allocatable, pod_cpu=pod_cpu)
         with contextlib.suppress(AlreadyExists):
             await client.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        if not preempting:
+            patient = {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": PATIENT_CLASS},
+                "value": 1000000,
+                "preemptionPolicy": "Never",
+                "description": "Online services of the lab that wait for room instead of preempting.",
+            }
+            with contextlib.suppress(AlreadyExists):
+                await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", patient)
         path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
-        body = deployment(name, replicas, pod_cpu)
+        body = deployment(name, replicas, pod_cpu, preempting=preempting)
         try:
             await client.patch(
                 f"{path}/{name}",

@@ -81,7 +81,9 @@ def cause_of(member_pod: dict[str, Any], *, member: str, gone: bool) -> Disrupti
         cause = str(condition.get("reason") or "DisruptionTarget")
         detail = str(condition.get("message") or "")
     elif (meta.get("annotations") or {}).get(RECLAIM_AT):
-        cause, detail = PLANNER_REASON, f"notice deadline {(meta.get('annotations') or {})[RECLAIM_AT]}"
+        annotations = meta.get("annotations") or {}
+        why = annotations.get(labels.RECLAIM_REASON)
+        cause, detail = PLANNER_REASON, f"notice deadline {annotations[RECLAIM_AT]}" + (f"; {why}" if why else "")
     else:
         cause, detail = BY_HAND, ""
     if not gone and phase not in ("Succeeded", "Failed"):

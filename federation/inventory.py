@@ -49,6 +49,7 @@ class PendingRecord:
     requests: Requests
     priority: int
     node_selector: tuple[tuple[str, str], ...]
+    name: str  # namespace/name, for people reading why a pod of ours was chosen
 
 
 def waits_without_preempting(obj: dict[str, Any]) -> bool:
@@ -227,6 +228,7 @@ class Inventory:
                 self._compact(pod_requests(spec)),
                 int(spec.get("priority") or 0),
                 tuple(sorted((spec.get("nodeSelector") or {}).items())),
+                f"{meta.get('namespace')}/{meta.get('name')}",
             )
         else:
             self.pending.pop(key, None)

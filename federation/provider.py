@@ -367,7 +367,7 @@ class FederationProvider:
         if member.removed:
             self.remove_member(member.name)
         else:
-            self.add_member(member.config, None, from_object=member.from_object)
+            self.add_member(member.config, pods.access, from_object=member.from_object)
 
     def _drain(self, member: Member, config: MemberConfig, *, removed: bool) -> bool:
         """Disable (or remove) a member whose pods must leave through notices first; False when

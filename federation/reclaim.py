@@ -275,14 +275,17 @@ class Reclaimer:
         need = planner.deficit(held, allowed)
         for p in stranded:
             need = quantities.add(need, dict(p.requests))
+        threshold = member.config.reclaim.online_threshold
         pending = [
-            planner.PendingPod(key, dict(r.requests), r.priority, dict(r.node_selector))
-            for key, r in inventory.pending.items()
+            planner.PendingPod(r.name, dict(r.requests), r.priority, dict(r.node_selector))
+            for r in inventory.pending.values()
+            if r.priority >= threshold
         ]
         now = time.monotonic()
-        for waiting in pending:
-            self._pending_since.setdefault(waiting.key, now)
-        for gone in [k for k in self._pending_since if k not in inventory.pending]:
+        for one in pending:
+            self._pending_since.setdefault(one.key, now)
+        keys = {p.key for p in pending}
+        for gone in [k for k in self._pending_since if k not in keys]:
             del self._pending_since[gone]
         return planner.plan(nodes=nodes, pods=ours, deficit=need, pending=pending)
 
@@ -318,7 +321,9 @@ class Reclaimer:
                     "node": victim.pod.node,
                     "band": victim.pod.band,
                     "reclaimAt": rfc3339(deadline) if deadline else None,
-                    "why": victim.reason,
+                    # Why it was chosen when noticed (a later round only says it is under notice).
+                    "why": (member_pod["metadata"].get("annotations") or {}).get(labels.RECLAIM_REASON)
+                    or victim.reason,
                 }
             )
         # A round's notices go out together, with one deadline per notice length, and pods whose

@@ -47,7 +47,9 @@ def render(view: dict[str, Any]) -> str:
             [
                 name,
                 m.get("source", "-"),
-                ("yes" if m.get("reachable") else "NO") + ("" if m.get("enabled", True) else " (disabled)"),
+                ("yes" if m.get("reachable") else "NO")
+                + ("" if m.get("enabled", True) else " (disabled)")
+                + (" (draining)" if m.get("draining") else ""),
                 f"{nodes.get('eligible', 0)}/{nodes.get('total', 0)}" if nodes else "-",
                 lend.get("cpu", "0"),
                 _gib(lend.get("memory", "0")),
@@ -87,6 +89,21 @@ def render(view: dict[str, Any]) -> str:
         )
     if len(jobs) > 1:
         text += "\n\n" + _table(jobs)
+    reclaims = [["RECLAIM", "MEMBER", "NODE", "BAND", "AT", "WHY"]]
+    reclaims.extend(
+        [
+            victim.get("pod", "-"),
+            member,
+            victim.get("node", "-"),
+            victim.get("band", "-"),
+            victim.get("reclaimAt") or "(next round)",
+            str(victim.get("why", ""))[:90],
+        ]
+        for member, victims in view.get("reclaims", {}).items()
+        for victim in victims
+    )
+    if len(reclaims) > 1:
+        text += "\n\n" + _table(reclaims)
     return text
 
 

@@ -37,6 +37,7 @@ class Sighting:
     uid: str
     origin_uid: str
     bound: bool
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -143,6 +144,7 @@ class MemberWatch:
             uid=uid,
             origin_uid=(meta.get("labels") or {}).get(forge.ORIGIN_UID, ""),
             bound=bool((obj.get("spec") or {}).get("nodeName")),
+            annotations=dict(meta.get("annotations") or {}),
         )
         self.history.append(sighting)
         if self.on_sighting is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from e2e import audit
 from e2e.fixtures import Lab
 from tests.e2e.helpers import eventually
+from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.reclaim_scene import PODGROUPS, Scene, front_pod, start_scene, stop_scene
 from vkprovider.kube import KubeClient
 
@@ -44,9 +47,9 @@ async def _group(scene: Scene, name: str, minimum: int) -> None:
     await scene.offline.create(f"{PODGROUPS}/namespaces/{scene.ns}/podgroups", body)
 
 
-#: Three jobs of ours in member-1 (its nodes have 96 cores; 86 of them are lent, the rest is
-#: the 10 % reserve). An 86-core pod leaves no room for a 12-core one on its node, so the two
-#: worker-max pods of "psw" each hold a node alone.
+#: Three jobs of ours in member-1 (its nodes have 95 allocatable cores; 85.5 of them are lent,
+#: the rest is the 10 % reserve). An 86-core pod leaves no room for a 12-core one on its node, so
+#: the two worker-max pods of "psw" (elastic: they leave without a fit check) hold a node each.
 JOBS: dict[str, tuple[int, list[tuple[str, str, int]]]] = {
     "psw": (
         3,
@@ -112,8 +115,8 @@ async def _check_reclaimed(scene: Scene, victims: set[str], before: dict[str, di
         # Event times have whole seconds: the notice was given at most a second after its stamp.
         noticed_at = _seconds(notices[name]["firstTimestamp"]) + 1
         assert deletes[name] - noticed_at >= NOTICE, (name, deletes[name] - noticed_at)
-    reclaimed = [e for e in await scene.events("Reclaimed") if e["involvedObject"]["name"] in victims]
-    assert sorted(e["involvedObject"]["name"] for e in reclaimed) == sorted(victims), "one Warning Event each"
+    for name in victims:
+        await _one_event(scene, name, "Reclaimed")
 
 
 async def test_reclaim_by_band_whole_machines_first_with_notice_and_gangs_whole(
@@ -199,3 +202,399 @@ async def test_reclaim_by_band_whole_machines_first_with_notice_and_gangs_whole(
         assert set(member_pods) == {"psw-ps", "psw-min-0", "psw-min-1"}
     finally:
         await stop_scene(scene)
+
+
+def _cpu(pod: dict[str, Any]) -> int:
+    total = 0
+    for container in pod["spec"]["containers"]:
+        quantity = str((container.get("resources") or {}).get("requests", {}).get("cpu", "0"))
+        total += int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+    return total
+
+
+async def _member_deficit(scene: Scene) -> tuple[int, dict[str, int]]:
+    """Our own reading of member-1: what our pods hold beyond the nodes' budgets (allocatable
+    less the 10 % reserve less online requests), in millicores; and worker-max per node."""
+    async with scene.lab.client("member-1") as client:
+        nodes = (await client.list("/api/v1/nodes"))["items"]
+        live = [p for p in (await client.list("/api/v1/pods"))["items"] if p["spec"].get("nodeName")]
+    online: dict[str, int] = {}
+    held = 0
+    worker_max: dict[str, int] = {}
+    for p in live:
+        if p["status"].get("phase") in ("Succeeded", "Failed") or p["metadata"].get("deletionTimestamp"):
+            continue
+        node = p["spec"]["nodeName"]
+        if (p["metadata"].get("labels") or {}).get("vkprovider.io/managed") == "true":
+            held += _cpu(p)
+            if p["metadata"]["labels"].get("vkprovider.io/role") == "worker-max":
+                worker_max[node] = worker_max.get(node, 0) + _cpu(p)
+        else:
+            online[node] = online.get(node, 0) + _cpu(p)
+    budget = 0
+    for n in nodes:
+        allocatable = _cpu({"spec": {"containers": [{"resources": {"requests": n["status"]["allocatable"]}}]}})
+        budget += max(0, allocatable - allocatable // 10 - online.get(n["metadata"]["name"], 0))
+    return held - budget, worker_max
+
+
+def _fewest_nodes(deficit: int, per_node: dict[str, int]) -> int:
+    count, covered = 0, 0
+    for value in sorted(per_node.values(), reverse=True):
+        if covered >= deficit:
+            break
+        count, covered = count + 1, covered + value
+    return count
+
+
+async def test_online_load_takes_its_reserve_back_and_waiting_online_pods_get_room(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    from e2e import online
+
+    scene = await start_scene(lab, offline, tmp_path, notice=NOTICE)
+    member_1 = lab.kubeconfig("member-1")
+    try:
+        await _run_jobs(scene)
+        placed = await scene.placed()
+        nodes_before = {p["spec"]["nodeName"] for p in placed.values()}
+        # Online load grows into the reserve: 1,520 cores in 4-core replicas fill every node up to
+        # its last few cores (they fit: no preemption), eating into the nodes' 10 % reserves.
+        await online.set_load(member_1, cpu_share=0, pod_cpu=4, replicas=380, name="tide", wait=True, timeout=240)
+        deficit, worker_max = await _member_deficit(scene)
+        assert 0 < deficit <= sum(worker_max.values()), (deficit, worker_max)
+        await eventually(lambda: _noticed(scene, 1), timeout=30, what="notices")
+        await asyncio.sleep(3)  # the plan is complete: no further notice follows
+        noticed = await _noticed(scene, 1) or {}
+        assert all(placed[n]["metadata"]["labels"]["vkprovider.io/role"] == "worker-max" for n in noticed), noticed
+        victim_nodes = {placed[n]["spec"]["nodeName"] for n in noticed}
+        assert len(victim_nodes) == _fewest_nodes(deficit, worker_max), (sorted(noticed), deficit, worker_max)
+        await _check_reclaimed(scene, set(noticed), placed)
+        after = {p["spec"]["nodeName"] for p in (await scene.placed()).values()}
+        assert victim_nodes <= nodes_before - after, "every victim's node ends with none of our pods"
+        assert len(victim_nodes) >= 2
+
+        # Online pods that will not preempt wait for room: the planner makes it, with notice.
+        began = time.monotonic()
+        await online.set_load(member_1, cpu_share=0, pod_cpu=85, replicas=2, name="patient", preempting=False)
+
+        async def patient_running() -> bool:
+            async with lab.client("member-1") as client:
+                items = await client.list(
+                    "/api/v1/namespaces/online/pods", params={"labelSelector": "app=online-patient"}
+                )
+            return sum(1 for p in items["items"] if p["status"].get("phase") == "Running") == 2
+
+        await eventually(patient_running, timeout=NOTICE + 60, what="the waiting online pods running")
+        took = time.monotonic() - began
+        grace = 1  # our pods' terminationGracePeriodSeconds
+        assert took < NOTICE + grace + 10, f"waiting online pods ran after {took:.1f}s"
+        reclaimed = await eventually(lambda: _ended(scene, {"psw-max-0", "psw-max-1"}), timeout=10, what="psw-max")
+        assert all(p["status"]["reason"] == "Reclaimed" for p in reclaimed.values())
+    finally:
+        try:
+            for name in ("patient", "tide"):
+                await online.set_load(member_1, cpu_share=0, replicas=0, name=name, wait=True)
+        finally:
+            await stop_scene(scene)
+
+
+async def _events_of(scene: Scene, pod: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in await scene.events(reason) if e["involvedObject"]["name"] == pod]
+
+
+async def _failed_with(scene: Scene, name: str, reason: str) -> dict[str, Any] | None:
+    front = await scene.front()
+    pod = front.get(name)
+    if pod is None or pod["status"].get("phase") != "Failed":
+        return None
+    assert pod["status"].get("reason") == reason, pod["status"]
+    return pod
+
+
+async def _one_event(scene: Scene, pod: str, reason: str) -> None:
+    """Exactly one Warning Event of that reason on the pod (it follows the status write)."""
+    try:
+        await eventually(lambda: _events_of(scene, pod, reason), timeout=15, what=f"a {reason} Event on {pod}")
+    except AssertionError as exc:
+        listed = await scene.offline.list(f"/api/v1/namespaces/{scene.ns}/events")
+        seen = [(e["involvedObject"]["name"], e["reason"], e["message"][:80]) for e in listed["items"]]
+        raise AssertionError(f"{exc}; events: {seen}") from None
+    await asyncio.sleep(1)
+    events = await _events_of(scene, pod, reason)
+    assert len(events) == 1 and events[0]["type"] == "Warning", events
+
+
+def _target(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["status"]["conditions"] if c["type"] == "DisruptionTarget")
+
+
+async def test_native_preemption_is_reported_and_a_job_ignoring_disruptions_replaces_its_pod(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """An online pod of higher priority, created straight in the member, preempts ours there:
+    the front-end pod ends Failed with the member's reason, one Warning Event, and the provider
+    never re-creates it; a Job whose podFailurePolicy ignores DisruptionTarget gets a replacement,
+    which runs in the same member once the load falls."""
+    from e2e import online
+
+    scene = await start_scene(lab, offline, tmp_path, notice=NOTICE)
+    member_1 = lab.kubeconfig("member-1")
+    template = front_pod("x", scene.proc.node, cpu=85, role="worker-max")
+    template["spec"]["restartPolicy"] = "Never"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "elastic"},
+        "spec": {
+            "backoffLimit": 0,  # a failure that counted would fail the Job
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+            "template": {"metadata": {"labels": template["metadata"]["labels"]}, "spec": template["spec"]},
+        },
+    }
+    try:
+        await scene.offline.create(f"/apis/batch/v1/namespaces/{scene.ns}/jobs", job)
+
+        async def job_pods(phase: str) -> list[dict[str, Any]]:
+            front = await scene.front()
+            return [p for p in front.values() if p["status"].get("phase") == phase]
+
+        first = (await eventually(lambda: job_pods("Running"), timeout=60, what="the Job's pod running"))[0]
+        name = first["metadata"]["name"]
+        # Online load fills the other 19 nodes; then a burst finds no room but on ours.
+        await online.set_load(member_1, cpu_share=0, pod_cpu=90, replicas=19, name="full", wait=True)
+        await online.set_load(member_1, cpu_share=0, pod_cpu=90, replicas=1, name="burst")
+        preempted = await eventually(lambda: _failed_with(scene, name, "Preempted"), timeout=60, what="preempted")
+        target = _target(preempted)
+        assert target["status"] == "True" and target["reason"] == "PreemptionByScheduler"
+        assert "member " in preempted["status"]["message"] and "preempted" in preempted["status"]["message"]
+        await _one_event(scene, name, "Preempted")
+
+        async def replacement() -> dict[str, Any] | None:
+            front = await scene.front()
+            others = [p for n, p in front.items() if n != name]
+            return others[0] if others else None
+
+        second = await eventually(replacement, timeout=60, what="the Job's replacement pod")
+        job_now = await scene.offline.get(f"/apis/batch/v1/namespaces/{scene.ns}/jobs/elastic")
+        assert not [c for c in job_now["status"].get("conditions", []) if c["type"] == "Failed"]
+        # No room until the burst goes; then the replacement runs, in the job's member.
+        await online.set_load(member_1, cpu_share=0, replicas=0, name="burst", wait=True)
+
+        async def replacement_running() -> dict[str, Any] | None:
+            front = await scene.front()
+            pod = front.get(second["metadata"]["name"])
+            return pod if pod and pod["status"].get("phase") == "Running" else None
+
+        running = await eventually(replacement_running, timeout=60, what="the replacement running")
+        assert running["metadata"]["annotations"]["vkprovider.io/member"] == scene.member
+        creates = [
+            r
+            for r in audit.records(lab.state, "member-1", users={scene.user})
+            if r.verb == "create" and r.resource == "pods" and r.namespace == scene.ns
+        ]
+        assert sorted(r.uri.rsplit("/", 1)[-1] for r in creates) == ["pods", "pods"], "never re-created"
+        placed = await scene.placed()
+        assert name not in placed, "the preempted pod was never re-created in the member"
+    finally:
+        try:
+            for load in ("burst", "full"):
+                await online.set_load(member_1, cpu_share=0, replicas=0, name=load, wait=True)
+        finally:
+            await stop_scene(scene)
+
+
+async def test_eviction_api_and_a_deleted_member_node_are_reported_with_their_reasons(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    scene = await start_scene(lab, offline, tmp_path, notice=NOTICE)
+    deleted_node: dict[str, Any] | None = None
+    try:
+        for name in ("evictee", "orphan"):
+            body = front_pod(name, scene.proc.node, cpu=12, role="worker-min")
+            await scene.offline.create(f"/api/v1/namespaces/{scene.ns}/pods", body)
+        await eventually(lambda: scene.running({"evictee", "orphan"}), timeout=60, what="both running")
+        placed = await scene.placed()
+        async with lab.client("member-1") as member:
+            eviction = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "evictee", "namespace": scene.ns},
+            }
+            await member.create(f"/api/v1/namespaces/{scene.ns}/pods/evictee/eviction", eviction)
+            evicted = await eventually(lambda: _failed_with(scene, "evictee", "Evicted"), timeout=60, what="evicted")
+            assert _target(evicted)["reason"] == "EvictionByEvictionAPI"
+            await _one_event(scene, "evictee", "Evicted")
+
+            node = placed["orphan"]["spec"]["nodeName"]
+            deleted_node = await member.get(f"/api/v1/nodes/{node}")
+            await member.delete(f"/api/v1/nodes/{node}")
+            # The member's pod garbage collector removes pods of a node gone for 40 s.
+            orphan = await eventually(
+                lambda: _failed_with(scene, "orphan", "Reclaimed"), timeout=150, interval=1, what="orphan reclaimed"
+            )
+            assert _target(orphan)["reason"] == "DeletionByPodGC"
+            assert node in orphan["status"]["message"]
+            await _one_event(scene, "orphan", "Reclaimed")
+        assert not await scene.placed(), "neither was re-created in the member"
+    finally:
+        try:
+            if deleted_node is not None:
+                async with lab.client("member-1") as member:
+                    meta = deleted_node["metadata"]
+                    node_body = {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {k: meta[k] for k in ("name", "labels", "annotations") if k in meta},
+                        "spec": {k: v for k, v in deleted_node["spec"].items() if k != "podCIDR"},
+                        "status": {k: deleted_node["status"][k] for k in ("capacity", "allocatable", "addresses")},
+                    }
+                    await member.create("/api/v1/nodes", node_body)
+        finally:
+            await stop_scene(scene)
+
+
+async def test_kill_9_during_reclaim_never_deletes_early_twice_or_too_much(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """kill -9 of the provider at random moments of a reclaim, 10 trials. member-1 is watched
+    for the whole trial and its audit log read after: no member pod is deleted before the
+    deadline its notice named, none twice, no more than the deficit needs, and at the end every
+    notice was carried out or withdrawn."""
+    import random
+
+    scene = await start_scene(lab, offline, tmp_path, notice=KILL_NOTICE)
+    rng = random.Random(8)
+    watch = MemberWatch(lab=lab, members=["member-1"], selector="vkprovider.io/managed=true", paths=(PODS,))
+    await watch.start()
+    try:
+        for trial in range(10):
+            await _kill_trial(scene, watch, trial, kill_after=rng.uniform(0.0, KILL_NOTICE + 4.0))
+    finally:
+        await watch.stop()
+        await stop_scene(scene)
+
+
+KILL_NOTICE = 4.0
+
+
+async def _kill_trial(scene: Scene, watch: MemberWatch, trial: int, *, kill_after: float) -> None:
+    began = time.time()
+    roles = {f"t{trial}-max-{i}": "worker-max" for i in range(4)}
+    roles.update({f"t{trial}-min-{i}": "worker-min" for i in range(2)})
+    names = set(roles)
+    for name, role in roles.items():
+        body = front_pod(name, scene.proc.node, cpu=12, role=role)
+        await scene.offline.create(f"/api/v1/namespaces/{scene.ns}/pods", body)
+    await eventually(lambda: scene.running(names), timeout=60, what=f"trial {trial}: pods running")
+    await scene.spec({"capacity": {"cap": {"cpu": str(12 * len(names) - 36)}}})  # three pods' worth
+    await asyncio.sleep(kill_after)
+    scene.proc.kill()
+    scene.proc.start()
+    await scene.proc.wait_ready(timeout=60)
+
+    async def settled() -> bool:
+        front = await scene.front()
+        failed = [n for n in names if front[n]["status"].get("phase") == "Failed"]
+        noticed = [
+            n
+            for n in names
+            if front[n]["status"].get("phase") == "Running"
+            and RECLAIM_AT in front[n]["metadata"].get("annotations", {})
+        ]
+        return len(failed) == 3 and not noticed
+
+    await eventually(settled, timeout=60, what=f"trial {trial}: three reclaimed, no notice left")
+    await asyncio.sleep(2)
+    ended = time.time()
+    watch.check()
+    deadlines: dict[str, float] = {}
+    for s in watch.history:
+        stamp = s.annotations.get(RECLAIM_AT)
+        if s.name in names and stamp:
+            deadlines[s.name] = _seconds(stamp)
+    deletes: dict[str, list[float]] = {}
+    for r in audit.records(scene.lab.state, "member-1", users={scene.user}):
+        if r.verb == "delete" and r.resource == "pods" and r.name in names and began <= r.received <= ended:
+            deletes.setdefault(r.name, []).append(r.received)
+    assert len(deletes) == 3, f"trial {trial}: deleted {sorted(deletes)} for a three-pod deficit"
+    for name, times in deletes.items():
+        assert len(times) == 1, f"trial {trial}: {name} deleted {len(times)} times"
+        assert times[0] >= deadlines[name], f"trial {trial}: {name} deleted before its deadline"
+    live = [p for p in watch.holding("member-1") if p["metadata"]["name"] in names]
+    assert not [p for p in live if RECLAIM_AT in (p["metadata"].get("annotations") or {})], "a notice was left"
+    await scene.spec({"capacity": {"cap": None}})
+    for name in names:
+        await scene.offline.delete(f"/api/v1/namespaces/{scene.ns}/pods/{name}", params={"gracePeriodSeconds": 0})
+
+    async def cleared() -> bool:
+        return not set(await scene.front()) & names and not set(await scene.placed()) & names
+
+    await eventually(cleared, timeout=60, what=f"trial {trial}: cleared")
+
+
+async def test_disabling_or_removing_a_member_drains_it_through_notices(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    scene = await start_scene(lab, offline, tmp_path, notice=NOTICE)
+    try:
+        for name in ("a", "b"):
+            await scene.offline.create(
+                f"/api/v1/namespaces/{scene.ns}/pods", front_pod(name, scene.proc.node, cpu=4, role="worker-min")
+            )
+        await eventually(lambda: scene.running({"a", "b"}), timeout=60, what="a and b running")
+        placed = await scene.placed()
+        await scene.spec({"enabled": False})
+
+        async def draining() -> bool:
+            return bool((await scene.proc.view())["members"][scene.member].get("draining"))
+
+        await eventually(draining, timeout=15, what="the member draining")
+        noticed = await eventually(lambda: _noticed(scene, 2), timeout=30, what="both noticed")
+        assert set(noticed) == {"a", "b"}
+        await _check_reclaimed(scene, {"a", "b"}, placed)
+        ended = await scene.front()
+        assert "drained" in ended["a"]["status"]["message"]
+
+        async def drained() -> bool:
+            member = (await scene.proc.view())["members"].get(scene.member, {})
+            return not member.get("draining") and member.get("enabled") is False
+
+        await eventually(drained, timeout=30, what="the member drained, left disabled")
+
+        # Removing a member that runs pods of ours drains it the same way, then forgets it.
+        await scene.spec({"enabled": True})
+        await eventually(lambda: _lendable(scene), timeout=30, what="the member lending again")
+        await scene.offline.create(
+            f"/api/v1/namespaces/{scene.ns}/pods", front_pod("c", scene.proc.node, cpu=4, role="worker-min")
+        )
+        await eventually(lambda: scene.running({"c"}), timeout=60, what="c running")
+        placed = await scene.placed()
+        await scene.offline.delete(scene.path)
+        await _check_reclaimed(scene, {"c"}, placed)
+
+        async def forgotten() -> bool:
+            return scene.member not in (await scene.proc.view())["members"]
+
+        await eventually(forgotten, timeout=30, what="the removed member forgotten once drained")
+        metrics = await _metrics(scene)
+        assert 'vkprovider_reclaimed_pods_total{band="worker-min",cause="planner"' in metrics
+        assert "vkprovider_reclaim_notices_total" in metrics and "vkprovider_reclaim_notice_seconds_bucket" in metrics
+    finally:
+        await stop_scene(scene)
+
+
+async def _lendable(scene: Scene) -> bool:
+    member = (await scene.proc.view())["members"].get(scene.member, {})
+    return bool(member.get("enabled") and member.get("lendable"))
+
+
+async def _metrics(scene: Scene) -> str:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{scene.proc.health_port}/metrics") as resp,
+    ):
+        return await resp.text()
