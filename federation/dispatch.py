@@ -47,6 +47,7 @@ from vkprovider.podstatus import failed_status
 from vkprovider.provider import ProviderError
 
 PIN = forge.MEMBER
+RECLAIM_AT = disruption.RECLAIM_AT
 GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
 
 
@@ -65,6 +66,13 @@ def _age(obj: dict[str, Any]) -> float:
     return (datetime.datetime.now(datetime.UTC) - when).total_seconds()
 
 
+Tombstones = TTLCache[str, tuple[dict[str, Any], disruption.Disruption]]
+
+
+def new_tombstones() -> Tombstones:
+    return TTLCache(maxsize=100_000, ttl=600)
+
+
 class MemberPods:
     """Our pods in one member, watched by label and indexed by the front-end pod they run."""
 
@@ -77,22 +85,24 @@ class MemberPods:
         on_change: Callable[[str], None],
         fence: WriteFence | None = None,
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
+        tombstones: Tombstones | None = None,
     ) -> None:
         self.name = name
         self.access = access
         self._fence = fence
         self._on_disrupted = on_disrupted
         #: Front-end ns/name -> the last state of a member pod something else took away, and why:
-        #: its front-end pod ends Failed with that reason and is never re-created.
-        self.tombstones: TTLCache[str, tuple[dict[str, Any], disruption.Disruption]] = TTLCache(
-            maxsize=100_000, ttl=600
-        )
+        #: its front-end pod ends Failed with that reason and is never re-created. Shared by all
+        #: members (the dispatcher's), so it outlives a member removed meanwhile.
+        self.tombstones: Tombstones = tombstones if tombstones is not None else new_tombstones()
         #: UIDs of member pods we delete ourselves (their front-end pod went, a gang rolled back).
         self._expected: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
         self._reported: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
         self.instance = instance
         self._on_change = on_change
         self.by_origin: dict[str, dict[str, Any]] = {}  # front-end ns/name -> member pod
+        #: Front-end keys whose member pod carries a reclaim notice (vkprovider.io/reclaim-at).
+        self.noticed: set[str] = set()
         #: Member pods per job label: the durable record of where a job went, read after a
         #: restart for jobs whose front-end pods do not (yet) carry the pin.
         self.jobs: dict[str, int] = {}
@@ -120,6 +130,10 @@ class MemberPods:
             self._count(self._job_label(old), -1)
         self.by_origin[key] = pod
         self._count(self._job_label(pod), 1)
+        if ((pod.get("metadata") or {}).get("annotations") or {}).get(RECLAIM_AT):
+            self.noticed.add(key)
+        else:
+            self.noticed.discard(key)
 
     def created(self, pod: dict[str, Any]) -> None:
         """Index a pod we just created, unless the watch has reported it already: the watch's
@@ -167,6 +181,7 @@ class MemberPods:
         if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
             del self.by_origin[key]
             self._count(self._job_label(current), -1)
+            self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
         self._on_change(key)
@@ -242,6 +257,8 @@ class Dispatcher:
         self._notify = notify
         self._lost = lost
         self.jobs: dict[str, Job] = {}
+        #: Pods a member took away (shared with every member's MemberPods).
+        self.tombstones: Tombstones = new_tombstones()
         #: Where each pod was last seen running (front-end ns/name -> member), so a pod whose
         #: member is removed or lost fails with that reason instead of vanishing.
         self.placed: dict[str, str] = {}
@@ -747,19 +764,10 @@ class Dispatcher:
 
     def tombstone(self, key: str) -> tuple[dict[str, Any], disruption.Disruption] | None:
         """The last state of the pod's member pod and why it was taken away, if it was."""
-        for name in self._members():
-            pods = self.pods_in(name)
-            if pods is not None and key in pods.tombstones:
-                return pods.tombstones[key]
-        return None
+        return self.tombstones.get(key)
 
     def _forget_tombstone(self, key: str) -> bool:
-        found = False
-        for name in self._members():
-            pods = self.pods_in(name)
-            if pods is not None and pods.tombstones.pop(key, None) is not None:
-                found = True
-        return found
+        return self.tombstones.pop(key, None) is not None
 
     async def delete(self, pod: Pod) -> bool:
         """Delete the pod's member pod; False if there is none."""

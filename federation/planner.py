@@ -126,22 +126,34 @@ class _State:
     def __init__(self, nodes: list[NodeView], pods: list[OurPod]) -> None:
         self.nodes = {n.name: n for n in nodes}
         self.left: dict[str, OurPod] = {p.key: p for p in pods}  # not (yet) chosen
-        self.on_node: dict[str, set[str]] = {}
-        self.by_job: dict[str, set[str]] = {}
-        self.job_left: dict[str, int] = {}
-        self.job_min: dict[str, int] = {}
-        self.job_band: dict[str, int] = {}  # a gang's rank: its highest band
+        on_node: dict[str, set[str]] = {}
+        by_job: dict[str, set[str]] = {}
+        job_left: dict[str, int] = {}
+        job_min: dict[str, int] = {}
+        job_band: dict[str, int] = {}  # a gang's rank: its highest band
+        rank = BAND_RANK.get
         for p in pods:
-            self.on_node.setdefault(p.node, set()).add(p.key)
-            self.by_job.setdefault(p.job, set()).add(p.key)
-            self.job_left[p.job] = self.job_left.get(p.job, 0) + 1
-            self.job_min[p.job] = max(self.job_min.get(p.job, 0), p.gang_min if p.gang_min > 1 else 0)
-            self.job_band[p.job] = max(self.job_band.get(p.job, 0), BAND_RANK.get(p.band, 1))
-        # The job's share per network pod and GPU model, for homogeneity.
-        self.job_domains: dict[tuple[str, str, str | None], int] = {}
-        for p in pods:
-            for domain in self._domains_of(p):
-                self.job_domains[domain] = self.job_domains.get(domain, 0) + 1
+            job, key = p.job, p.key
+            on_node.setdefault(p.node, set()).add(key)
+            by_job.setdefault(job, set()).add(key)
+            job_left[job] = job_left.get(job, 0) + 1
+            if p.gang_min > 1 and p.gang_min > job_min.get(job, 0):
+                job_min[job] = p.gang_min
+            else:
+                job_min.setdefault(job, 0)
+            band = rank(p.band, 1)
+            if band > job_band.get(job, -1):
+                job_band[job] = band
+        self.on_node, self.by_job, self.job_left, self.job_min, self.job_band = (
+            on_node,
+            by_job,
+            job_left,
+            job_min,
+            job_band,
+        )
+        #: Per job, how many of its pods are left per network pod and GPU model (for homogeneity;
+        #: computed when first asked, dropped when the job's pods change).
+        self._domains: dict[str, dict[tuple[str, str | None], int]] = {}
         self.groups: list[_Group] = []
 
     # -- what can be taken ----------------------------------------------------------------------
@@ -159,9 +171,19 @@ class _State:
     def gang(self, job: str) -> list[OurPod]:
         return [self.left[k] for k in sorted(self.by_job.get(job, ()))]
 
-    def _domains_of(self, pod: OurPod) -> list[tuple[str, str, str | None]]:
+    def _domains_of(self, pod: OurPod) -> tuple[tuple[str, str | None], tuple[str, str | None]]:
         node = self.nodes.get(pod.node)
-        return [(pod.job, "np", node.network_pod if node else None), (pod.job, "gpu", node.gpu_model if node else None)]
+        return ("np", node.network_pod if node else None), ("gpu", node.gpu_model if node else None)
+
+    def _job_domains(self, job: str) -> dict[tuple[str, str | None], int]:
+        counts = self._domains.get(job)
+        if counts is None:
+            counts = {}
+            for key in self.by_job.get(job, ()):
+                for domain in self._domains_of(self.left[key]):
+                    counts[domain] = counts.get(domain, 0) + 1
+            self._domains[job] = counts
+        return counts
 
     def take(self, group: _Group) -> None:
         for pod in group.pods:
@@ -169,8 +191,7 @@ class _State:
             self.on_node[pod.node].discard(pod.key)
             self.by_job[pod.job].discard(pod.key)
             self.job_left[pod.job] -= 1
-            for domain in self._domains_of(pod):
-                self.job_domains[domain] -= 1
+            self._domains.pop(pod.job, None)
         self.groups.append(group)
 
     def give_back(self, group: _Group) -> None:
@@ -180,8 +201,7 @@ class _State:
             self.on_node.setdefault(pod.node, set()).add(pod.key)
             self.by_job.setdefault(pod.job, set()).add(pod.key)
             self.job_left[pod.job] += 1
-            for domain in self._domains_of(pod):
-                self.job_domains[domain] += 1
+            self._domains.pop(pod.job, None)
 
     def physical_free(self, node: NodeView) -> dict[str, int]:
         ours = _sum(self.left[k] for k in self.on_node.get(node.name, ()))
@@ -196,7 +216,8 @@ class _State:
         if self.surplus(pod.job) <= 0:
             return 0.0  # the whole job goes: nothing of it stays behind to keep together
         total = max(1, self.job_left.get(pod.job, 1))
-        return sum(self.job_domains.get(domain, 0) for domain in self._domains_of(pod)) / total
+        counts = self._job_domains(pod.job)
+        return sum(counts.get(domain, 0) for domain in self._domains_of(pod)) / total
 
     def numa_whole(self, pod: OurPod, chosen: set[str]) -> bool:
         """Whether taking the pod (with those already chosen) empties its NUMA zone of ours."""
@@ -212,14 +233,21 @@ class _State:
         return _sum(self.left[k] for k in self.by_job[pod.job])
 
     def pod_key(self, pod: OurPod, *, need: Mapping[str, int], chosen: set[str]) -> tuple[object, ...]:
-        freed = self.unit_requests(pod)
+        tier = self.tier_of(pod)
+        freed = pod.requests if self.surplus(pod.job) > 0 else self.unit_requests(pod)
+        cover = size = 0.0
+        for name, wanted in need.items():
+            if wanted > 0:
+                got = freed.get(name, 0)
+                cover += (got if got < wanted else wanted) / wanted
+                size += got / wanted  # least given back beyond the need
         return (
-            self.tier_of(pod),
-            not self.numa_whole(pod, chosen),
+            tier,
+            pod.numa_zone is None or not self.numa_whole(pod, chosen),
             self.homogeneity(pod),
             pod.deletion_cost,
-            -_coverage(freed, need),
-            sum(freed.get(k, 0) / v for k, v in need.items() if v > 0),  # least given back beyond
+            -cover,
+            size,
             pod.key,
         )
 
@@ -445,9 +473,13 @@ def plan(
     need = dict(result.deficit)
     freed = _sum(p for g in state.groups for p in g.pods)
     groups_before = len(state.groups)
+    noticed = any(p.noticed for p in state.left.values())
+    present = {BAND_RANK.get(p.band, 1) for p in state.left.values()}
     for tier in _tiers():
         if _covered(freed, need):
             break
+        if (tier[0] == NOTICED_TIER and not noticed) or tier[1] not in present:
+            continue  # nothing of ours sits at this tier: no need to look
         _whole_nodes(state, tier, need, freed)
         _one_by_one(state, tier, need, freed, None)
     _prune(state, need, state.groups[groups_before:])

@@ -227,6 +227,7 @@ class FederationProvider:
                     on_change=self._pod_changed,
                     fence=self._client.fence if self._client is not None else None,
                     on_disrupted=self.reclaimer.disrupted,
+                    tombstones=self.dispatcher.tombstones,
                 )
                 member.pods_task = loop.create_task(member.pods.run(), name=f"federation/pods/{config.name}")
         self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)

@@ -1,6 +1,6 @@
 """Giving capacity back on purpose: the I/O shell around the planner (federation.planner).
 
-Once a second, for each member whose pods and inventory are known, the planner is asked which
+Twice a second, for each member whose pods and inventory are known, the planner is asked which
 of our pods must go: because our pods hold more than the member lends now (online load grew
 into the reserve, a time window closed, a cap fell), because online pods that will not preempt
 wait there for room, or because the member is being drained (disabled or removed). For each
@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import datetime
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +62,11 @@ FREED_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600)
 
 def rfc3339(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_ms(ts: float) -> str:
+    """RFC 3339 with milliseconds: a deadline is kept to the millisecond, not rounded."""
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def parse_time(text: str) -> float | None:
@@ -157,7 +161,7 @@ class Reclaimer:
         *,
         members: Callable[[], dict[str, MemberView]],
         instance: str,
-        interval: float = 1.0,
+        interval: float = 0.5,
         metrics: ReclaimMetrics | None = None,
     ) -> None:
         self._members = members
@@ -181,9 +185,15 @@ class Reclaimer:
 
     # -- the loop --------------------------------------------------------------------------------
 
+    def _next_round(self) -> float:
+        """Seconds to the next round: the interval, or sooner when a notice's deadline comes."""
+        now = time.time()
+        soonest = min((n.deadline for n in self._notices.values() if n.deadline > now), default=now + self._interval)
+        return max(0.01, min(self._interval, soonest - now + 0.005))
+
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval)
+            await asyncio.sleep(self._next_round())
             for member in list(self._members().values()):
                 try:
                     await self.reconcile(member)
@@ -289,9 +299,23 @@ class Reclaimer:
             del self._pending_since[gone]
         return planner.plan(nodes=nodes, pods=ours, deficit=need, pending=pending)
 
+    def _nothing_to_do(self, member: MemberView, pods: Any) -> bool:
+        """The usual case, cheaply (without looking at every pod): nothing held beyond what the
+        member allows, nobody waiting for room, no notice standing or about to be given."""
+        if member.draining or pods.noticed or self._chosen_before.get(member.name):
+            return False
+        inventory, summary = member.inventory(), member.summary
+        if inventory is None or summary is None or inventory.pending:
+            return False
+        held = {k: v for k, v in summary.ours_used.items() if k in TRACKED}
+        return not planner.deficit(held, summary.allowed)
+
     async def reconcile(self, member: MemberView) -> None:
         pods = member.pods_index()
         if pods is None or pods.client is None or not pods.synced.is_set() or not member.reachable:
+            return
+        if self._nothing_to_do(member, pods):
+            self.pending[member.name] = []
             return
         ours, by_key, leaving = self._our_pods(member, pods)
         plan = self._plan(member, ours, leaving)
@@ -407,9 +431,9 @@ class Reclaimer:
         meta = member_pod["metadata"]
         uid = meta.get("uid", "")
         seconds = notice_seconds(meta.get("annotations") or {}, member.config)
-        # Whole seconds (as written), rounded up, and a margin for the notice writes themselves.
-        deadline = float(math.ceil(now + seconds + NOTICE_MARGIN))
-        stamp = rfc3339(deadline)
+        # A margin for the notice writes themselves; milliseconds, as written.
+        stamp = rfc3339_ms(now + seconds + NOTICE_MARGIN)
+        deadline = parse_time(stamp) or now + seconds + NOTICE_MARGIN
         reason = victim.reason[:500]
         if not await self._patch_member(member, member_pod, {labels.RECLAIM_AT: stamp, labels.RECLAIM_REASON: reason}):
             return deadline

@@ -149,6 +149,12 @@ async def stop_scene(scene: Scene) -> None:
         async with scene.lab.client(MEMBER) as client:
             await delete_namespace(client, scene.ns)
 
+            async def member_clear() -> bool:
+                return not await pods(client, scene.ns)
+
+            # The next test must not find this one's pods still holding member-1's nodes.
+            await eventually(member_clear, timeout=60, what=f"member-1 clear of {scene.ns}")
+
 
 async def _none_left(scene: Scene) -> bool:
     return not await pods(scene.offline, scene.ns)
