@@ -23,7 +23,7 @@ from vkprovider.kube import KubeClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
-NOTICE = 8.0
+NOTICE = 5.0
 RECLAIM_AT = "vkprovider.io/reclaim-at"
 
 
