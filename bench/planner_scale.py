@@ -7,7 +7,7 @@ per `planner.plan` call, p50 / p99 over repeated runs:
   - steady: nothing to give back (what the reclaimer computes every second most of the time);
   - cap: the member's cap lowered by 5 % of what our pods hold (about 100 victims);
   - window: a time window halves what the member lends (about 10,000 victims);
-  - pending: 50 online pods waiting for room without preempting;
+  - pending: 50 online pods of 70-80 cores waiting for room without preempting;
   - re-plan: the cap case again with its victims under notice (the next second's plan).
 Target (issue 8): under 50 ms. Run: `.venv/bin/python -m bench.planner_scale`.
 """
@@ -113,7 +113,7 @@ def main() -> None:
     samples, result = timed(max(3, args.runs // 4), nodes=nodes, pods=pods, deficit={CPU: total[CPU] // 2})
     report("window", samples, result)
     rng = random.Random(3)
-    pending = [planner.PendingPod(f"online/p{i}", {CPU: rng.choice((40_000, 60_000))}) for i in range(50)]
+    pending = [planner.PendingPod(f"online/p{i}", {CPU: rng.choice((70_000, 80_000))}) for i in range(50)]
     samples, result = timed(args.runs, nodes=nodes, pods=pods, deficit={}, pending=pending)
     report("pending", samples, result)
 

@@ -154,6 +154,8 @@ class _State:
         #: Per job, how many of its pods are left per network pod and GPU model (for homogeneity;
         #: computed when first asked, dropped when the job's pods change).
         self._domains: dict[str, dict[tuple[str, str | None], int]] = {}
+        self._node_domains: dict[str, tuple[tuple[str, str | None], tuple[str, str | None]]] = {}
+        self._ours_sum: dict[str, dict[str, int]] = {}
         self.groups: list[_Group] = []
 
     # -- what can be taken ----------------------------------------------------------------------
@@ -172,16 +174,22 @@ class _State:
         return [self.left[k] for k in sorted(self.by_job.get(job, ()))]
 
     def _domains_of(self, pod: OurPod) -> tuple[tuple[str, str | None], tuple[str, str | None]]:
-        node = self.nodes.get(pod.node)
-        return ("np", node.network_pod if node else None), ("gpu", node.gpu_model if node else None)
+        domains = self._node_domains.get(pod.node)
+        if domains is None:
+            node = self.nodes.get(pod.node)
+            domains = ("np", node.network_pod if node else None), ("gpu", node.gpu_model if node else None)
+            self._node_domains[pod.node] = domains
+        return domains
 
     def _job_domains(self, job: str) -> dict[tuple[str, str | None], int]:
         counts = self._domains.get(job)
         if counts is None:
             counts = {}
+            left, domains_of = self.left, self._domains_of
             for key in self.by_job.get(job, ()):
-                for domain in self._domains_of(self.left[key]):
-                    counts[domain] = counts.get(domain, 0) + 1
+                network_pod, gpu_model = domains_of(left[key])
+                counts[network_pod] = counts.get(network_pod, 0) + 1
+                counts[gpu_model] = counts.get(gpu_model, 0) + 1
             self._domains[job] = counts
         return counts
 
@@ -192,6 +200,7 @@ class _State:
             self.by_job[pod.job].discard(pod.key)
             self.job_left[pod.job] -= 1
             self._domains.pop(pod.job, None)
+            self._ours_sum.pop(pod.node, None)
         self.groups.append(group)
 
     def give_back(self, group: _Group) -> None:
@@ -202,11 +211,18 @@ class _State:
             self.by_job.setdefault(pod.job, set()).add(pod.key)
             self.job_left[pod.job] += 1
             self._domains.pop(pod.job, None)
+            self._ours_sum.pop(pod.node, None)
+
+    def ours_on(self, node: str) -> dict[str, int]:
+        """What our pods still left on the node hold (kept up to date as pods are taken)."""
+        held = self._ours_sum.get(node)
+        if held is None:
+            held = self._ours_sum[node] = _sum(self.left[k] for k in self.on_node.get(node, ()))
+        return held
 
     def physical_free(self, node: NodeView) -> dict[str, int]:
-        ours = _sum(self.left[k] for k in self.on_node.get(node.name, ()))
-        used = quantities.add(dict(node.online_used), ours)
-        return {k: v - used.get(k, 0) for k, v in node.allocatable.items()}
+        ours, online = self.ours_on(node.name), node.online_used
+        return {k: v - online.get(k, 0) - ours.get(k, 0) for k, v in node.allocatable.items()}
 
     # -- ordering --------------------------------------------------------------------------------
 
@@ -387,23 +403,49 @@ def _prune(state: _State, need: Mapping[str, int], groups: list[_Group]) -> None
             state.give_back(group)
 
 
+def _place(state: _State, node: NodeView, pending: PendingPod) -> None:
+    """The pending pod takes room on the node: later pending pods see it used."""
+    state.nodes[node.name] = NodeView(
+        node.name,
+        node.allocatable,
+        quantities.add(dict(node.online_used), dict(pending.requests)),
+        node.ready,
+        node.schedulable,
+        node.network_pod,
+        node.gpu_model,
+        node.zone,
+    )
+
+
 def _serve_pending(state: _State, pending: PendingPod, labels_of: Mapping[str, Mapping[str, str]]) -> bool:
-    """Make room on one node for a pending online pod: the node where the cheapest victims do."""
+    """Make room on one node for a pending online pod: the node where the cheapest victims do.
+    A pod that fits somewhere already is not waiting for us: it takes that room (so the next
+    pending pod does not count on it) and no pod of ours goes."""
     options = []
+    feasible: list[tuple[NodeView, dict[str, int]]] = []
+    wanted = pending.requests.items()
+    selector = pending.node_selector
     for node in state.nodes.values():
-        if not (node.ready and node.schedulable) or not node.matches(pending.node_selector, labels_of[node.name]):
+        if not (node.ready and node.schedulable) or (selector and not node.matches(selector, labels_of[node.name])):
             continue
-        free = state.physical_free(node)
-        need = {k: v - free.get(k, 0) for k, v in pending.requests.items() if v > free.get(k, 0)}
+        ours_there, online, allocatable = state.ours_on(node.name), node.online_used, node.allocatable
+        need = {}
+        for k, v in wanted:
+            short = v - (allocatable.get(k, 0) - online.get(k, 0) - ours_there.get(k, 0))
+            if short > 0:
+                need[k] = short
         if not need:
-            return False  # it fits somewhere already: not waiting for us
+            _place(state, node, pending)
+            return False
+        if _covered(ours_there, need):
+            feasible.append((node, need))
+    for node, need in feasible:
         ours = [state.left[k] for k in state.on_node.get(node.name, ())]
-        if not _covered(_sum(ours), need):
-            continue
-        # Dry run: the victims this node would need, in order.
+        # Dry run: the victims this node would need, cheapest tier and biggest first (a cost
+        # estimate to compare nodes; the real choice below orders by every rule).
         picked: list[OurPod] = []
         got: dict[str, int] = {}
-        for pod in sorted(ours, key=lambda p: state.pod_key(p, need=need, chosen=set())):
+        for pod in sorted(ours, key=lambda p: (state.tier_of(p), -_coverage(p.requests, need), p.key)):
             if _covered(got, need):
                 break
             if _coverage(pod.requests, _remaining(need, got)) <= 0:
@@ -429,17 +471,7 @@ def _serve_pending(state: _State, pending: PendingPod, labels_of: Mapping[str, M
             chosen.add(p.key)
             if p.node == node.name:
                 freed = quantities.add(freed, dict(p.requests))
-    # The pending pod takes that room: later pending pods see it used.
-    state.nodes[node.name] = NodeView(
-        node.name,
-        node.allocatable,
-        quantities.add(dict(node.online_used), dict(pending.requests)),
-        node.ready,
-        node.schedulable,
-        node.network_pod,
-        node.gpu_model,
-        node.zone,
-    )
+    _place(state, node, pending)
     return True
 
 
@@ -455,18 +487,15 @@ def plan(
     if not result.deficit and not pending:
         return result  # nothing to give back (the usual case): every notice can be withdrawn
     state = _State(nodes, pods)
-    labels_of = {
-        n.name: {
-            k: v
-            for k, v in (
+    labels_of: dict[str, dict[str, str]] = {}
+    if pending:
+        for n in nodes:
+            known = (
                 ("nvidia.com/gpu.product", n.gpu_model),
                 ("vkprovider.io/network-pod", n.network_pod),
                 ("topology.kubernetes.io/zone", n.zone),
             )
-            if v
-        }
-        for n in nodes
-    }
+            labels_of[n.name] = {k: v for k, v in known if v}
     for waiting in sorted(pending or [], key=lambda p: (-p.priority, p.key)):
         if _serve_pending(state, waiting, labels_of):
             result.served.append(waiting.key)

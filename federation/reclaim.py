@@ -51,6 +51,10 @@ from vkprovider.kube import ApiError, Conflict, KubeClient, NotFound
 #: Seconds added to every notice for the notice writes themselves, so the front-end pod has
 #: carried its notice for at least the notice period when the member pod is deleted.
 NOTICE_MARGIN = 2.0
+#: Seconds after a round that chose new victims before the round that confirms them: long
+#: enough for the member's watches to catch up with each other, short enough not to keep a
+#: waiting online pod waiting.
+CONFIRM_AFTER = 0.2
 #: Seconds a notice stays while no plan needs it, before it is withdrawn (plans are recomputed
 #: every second; a brief dip of online load does not flap notices).
 CANCEL_HOLD = 3.0
@@ -186,10 +190,14 @@ class Reclaimer:
     # -- the loop --------------------------------------------------------------------------------
 
     def _next_round(self) -> float:
-        """Seconds to the next round: the interval, or sooner when a notice's deadline comes."""
+        """Seconds to the next round: the interval; sooner when a notice's deadline comes, or when
+        the last round chose victims the next must confirm (a demand waits meanwhile)."""
         now = time.time()
         soonest = min((n.deadline for n in self._notices.values() if n.deadline > now), default=now + self._interval)
-        return max(0.01, min(self._interval, soonest - now + 0.005))
+        wait = min(self._interval, soonest - now + 0.005)
+        if any(self._chosen_before.values()):
+            wait = min(wait, CONFIRM_AFTER)
+        return max(0.01, wait)
 
     async def run(self) -> None:
         while True:
