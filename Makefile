@@ -32,7 +32,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: $(STAMP) binaries lint
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

@@ -107,5 +107,15 @@ class FederationConfig(_Model):
         "pooled", description="One virtual node over all members, or one per member."
     )
     unreachable_grace: float = Field(30.0, description="Seconds a member may be unreachable before losing capacity.")
+    pods_lost_after: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a member may be unreachable before its pods are declared lost (MemberLost); "
+        "until then they keep their last known status. Mirrors the 300 s tolerationSeconds for "
+        "node.kubernetes.io/unreachable, as unreachable_grace mirrors the node monitor's grace.",
+    )
+    orphan_interval: float = Field(
+        120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
+    )
     publish_interval: float = Field(0.5, description="Seconds between capacity recomputations at most.")
     damping_hold: float = Field(10.0, description="Seconds a small increase waits before it is published.")

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import bands, disruption, forge, placement, reflect
+from federation import bands, disruption, forge, outages, placement, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
@@ -86,6 +86,7 @@ class MemberPods:
         fence: WriteFence | None = None,
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
         tombstones: Tombstones | None = None,
+        on_listed: Callable[[str], None] | None = None,
     ) -> None:
         self.name = name
         self.access = access
@@ -109,6 +110,9 @@ class MemberPods:
         #: UIDs the watch reported deleted lately, so a late create answer cannot revive one.
         self._deleted: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=300)
         self.synced = asyncio.Event()
+        #: The last list or watch failed: what we hold is the last known state, not the present.
+        self.failing = False
+        self._on_listed = on_listed
         self.client: KubeClient | None = None
         self.namespaces: set[str] = set()
         self._log = logs.get("member-pods", cluster=name)
@@ -200,6 +204,9 @@ class MemberPods:
                     for pod in listed["items"]:
                         self._put(pod)
                     self.synced.set()
+                    self.failing = False
+                    if self._on_listed is not None:
+                        self._on_listed(self.name)
                     rv = listed["metadata"]["resourceVersion"]
                     failures = 0
                     while True:
@@ -216,6 +223,7 @@ class MemberPods:
                     continue
                 except ApiError as exc:
                     failures += 1
+                    self.failing = True
                     self._log.warning("member pod watch failed", error=str(exc))
                     await asyncio.sleep(min(5.0, 0.25 * 2**failures))
 
@@ -247,7 +255,7 @@ class Dispatcher:
         members: Callable[[], dict[str, Any]],
         capacities: Callable[[], dict[str, MemberCapacity]],
         notify: Callable[[str], None],
-        lost: Callable[[str], bool] = lambda member: False,
+        outage: Callable[[str], outages.Outage | None] = lambda member: None,
         draining: Callable[[str], bool] = lambda member: False,
     ) -> None:
         self.instance = instance
@@ -255,7 +263,7 @@ class Dispatcher:
         self._members = members  # name -> provider Member (config + pods watcher)
         self._capacities = capacities
         self._notify = notify
-        self._lost = lost
+        self._outage = outage
         self.jobs: dict[str, Job] = {}
         #: Pods a member took away (shared with every member's MemberPods).
         self.tombstones: Tombstones = new_tombstones()
@@ -735,13 +743,19 @@ class Dispatcher:
         if found is not None:
             member, member_pod = found
             self.placed[key] = member
-            if self._lost(member):
-                message = f"member {member} has been unreachable past the grace; the pod is not moved"
-                return pod, failed_status(pod or _stub(key, member_pod), reason="MemberLost", message=message)
+            outage = self._outage(member)
+            if outage is not None and outage.state == "lost":
+                node = member_pod.get("spec", {}).get("nodeName") or "no node"
+                lost = outages.lost(member, node, outage)
+                return pod, disruption.disrupted_status(pod or _stub(key, member_pod), lost)
             stopped = disruption.cause_of(member_pod, member=member, gone=False)
             if stopped is not None:
                 return pod, disruption.disrupted_status(pod or _stub(key, member_pod), stopped)
-            return pod, forge.status_from_member(member_pod)
+            status = forge.status_from_member(member_pod)
+            if outage is not None and status.get("phase") not in outages.TERMINAL:
+                # Last known status, and why it may be stale.
+                status["conditions"] = [*status.get("conditions", []), outages.unreachable_condition(member, outage)]
+            return pod, status
         tomb = self.tombstone(key)
         if tomb is not None:
             last, what = tomb

@@ -5,7 +5,8 @@ run time), one capacity source per member (direct watches, or the member's capac
 and the virtual nodes' status: capacity = allocatable = what members can lend plus what our
 pods already use there, recomputed coalesced (at most every `publish_interval`) and damped
 against noise. A member unreachable past `unreachable_grace` lends nothing and is flagged on
-its MemberCluster and on the node, which stays Ready. Dispatch of pods arrives separately.
+its MemberCluster and on the node, which stays Ready; its pods are declared lost only after
+`pods_lost_after` (federation.outages). Dispatch of pods arrives separately.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, quantities
+from federation import capacity, forge, outages, quantities
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig
@@ -111,6 +113,7 @@ class Member:
     pods_task: asyncio.Task[None] | None = None
     summary: MemberCapacity | None = None
     reachable: bool = True
+    outage: outages.Outage | None = None  # unreachable past the grace: since when, lost or not
     status_written: dict[str, Any] = field(default_factory=dict)
     #: Disabled or removed while our pods ran there: they leave through reclaim notices first.
     draining: bool = False
@@ -185,13 +188,20 @@ class FederationProvider:
             members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
             capacities=lambda: {n: m.summary for n, m in self.members.items() if m.summary is not None and m.reachable},
             notify=self._pod_changed,
-            lost=lambda name: name in self.members and not self.members[name].reachable,
+            outage=lambda name: self.members[name].outage if name in self.members else None,
             draining=lambda name: name in self.members and self.members[name].draining,
         )
         self.reclaimer = Reclaimer(
             members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
             instance=node_name,
         )
+        self.orphans = outages.OrphanReconciler(
+            members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
+            nodes=self.node_names,
+            node_of=self._node_of_member,
+            interval=config.orphan_interval,
+        )
+        self._outage_news: list[tuple[Member, outages.Outage]] = []
         #: Set once the configured members are added and MemberCluster objects listed.
         self.started = asyncio.Event()
         self._log = logs.get("federation", node=node_name)
@@ -228,6 +238,7 @@ class FederationProvider:
                     fence=self._client.fence if self._client is not None else None,
                     on_disrupted=self.reclaimer.disrupted,
                     tombstones=self.dispatcher.tombstones,
+                    on_listed=self.orphans.request,
                 )
                 member.pods_task = loop.create_task(member.pods.run(), name=f"federation/pods/{config.name}")
         self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
@@ -267,6 +278,9 @@ class FederationProvider:
 
     def notify_node_set(self, callback: Callable[[], None]) -> None:
         self._node_set_callbacks.append(callback)
+
+    def _node_of_member(self, name: str) -> str:
+        return self.node_name if self.config.virtual_nodes == "pooled" else f"{self.node_name}-{name}"
 
     def _members_of(self, node: str) -> list[Member]:
         if self.config.virtual_nodes == "pooled":
@@ -334,16 +348,10 @@ class FederationProvider:
             if not member.config.enabled:
                 member.summary = None
                 if member.draining:
-                    member.reachable = member.source.unreachable_for() <= self.config.unreachable_grace
+                    self._follow_outage(member)
                     self._finish_drain(member)
                 continue
-            reachable = member.source.unreachable_for() <= self.config.unreachable_grace
-            if reachable != member.reachable:
-                # The member's pods change fate (MemberLost) or come back: have them re-synced.
-                for key, placed in list(self.dispatcher.placed.items()):
-                    if placed == member.name:
-                        self._pod_changed(key)
-            member.reachable = reachable
+            self._follow_outage(member)
             if member.source.synced.is_set():
                 member.summary = member.source.summarize(member.config.capacity.policy())
                 member.summary.reachable = member.reachable
@@ -358,6 +366,52 @@ class FederationProvider:
             if changed or previous is None or _meta_differs(previous, computed):
                 for callback in self._node_callbacks:
                     callback(node)
+
+    def _follow_outage(self, member: Member) -> None:
+        """Move the member along the two clocks (federation.outages); its pods are re-synced
+        at each step (condition added, lost, or back)."""
+        unreachable_for = member.source.unreachable_for()
+        state = outages.member_state(
+            unreachable_for, grace=self.config.unreachable_grace, lost_after=self.config.pods_lost_after
+        )
+        before = member.outage.state if member.outage is not None else "reachable"
+        member.reachable = state == "reachable"
+        if state == before:
+            return
+        if state == "reachable":
+            member.outage = None
+        else:
+            since = member.outage.since if member.outage is not None else time.time() - unreachable_for
+            member.outage = outages.Outage(state=state, since=since, lost_after=self.config.pods_lost_after)
+            if before == "reachable":
+                self._outage_news.append((member, member.outage))
+        self._log.warning("member reachability changed", cluster=member.name, state=state, was=before)
+        keys = set(member.pods.by_origin) if member.pods is not None else set()
+        keys |= {k for k, placed in self.dispatcher.placed.items() if placed == member.name}
+        for key in keys:
+            self._pod_changed(key)
+
+    async def _announce_outages(self) -> None:
+        """One Warning Event per job whose pods run in a member that stopped answering."""
+        news, self._outage_news = self._outage_news, []
+        for member, outage in news:
+            if member.pods is None or self.dispatcher.events is None:
+                continue
+            jobs: dict[str, list[str]] = {}  # the job label (a hash) -> front-end keys
+            for key, member_pod in list(member.pods.by_origin.items()):
+                label = (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) or key
+                jobs.setdefault(label, []).append(key)
+            for keys in jobs.values():
+                job_key = next((self.dispatcher.job_of_pod[k] for k in keys if k in self.dispatcher.job_of_pod), "")
+                target = await self.reclaimer.job_object(job_key, keys[0])
+                if target is None:
+                    continue
+                message = (
+                    f"member {member.name} has not answered since {outages.rfc3339(outage.since)}: "
+                    f"{len(keys)} pod(s) of this job there keep their last known status; "
+                    f"they are declared lost after {outage.lost_after:.0f}s without an answer"
+                )
+                await self.dispatcher.events.emit(target, reason="MemberUnreachable", message=message, warning=True)
 
     def _finish_drain(self, member: Member) -> None:
         """A drained member (no pod of ours left) is removed, or kept disabled without watches."""
@@ -392,6 +446,7 @@ class FederationProvider:
                 pass  # also re-check reachability and held increases once a second
             self._dirty.clear()
             self._publish()
+            await self._announce_outages()
             await self._write_member_statuses()
             await asyncio.sleep(self.config.publish_interval)
 
@@ -525,6 +580,8 @@ class FederationProvider:
         self.dispatcher.events = EventRecorder(client, component="vkprovider-federation", host=self.node_name)
         self.reclaimer.front = client
         self.reclaimer.events = self.dispatcher.events
+        self.orphans.front = client
+        self.orphans.events = self.dispatcher.events
         for member in self.config.members:
             access = load_kubeconfig(member.kubeconfig) if member.kubeconfig else None
             self.add_member(member, access)
@@ -532,6 +589,7 @@ class FederationProvider:
             asyncio.create_task(self._publish_loop(), name="federation/publish"),
             asyncio.create_task(self.dispatcher.run(), name="federation/reflected-gc"),
             asyncio.create_task(self.reclaimer.run(), name="federation/reclaim"),
+            asyncio.create_task(self.orphans.run(), name="federation/orphans"),
         ]
         if self.config.member_objects:
             tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
@@ -588,6 +646,12 @@ class FederationProvider:
     def register_metrics(self, registry: Any) -> None:
         """Reclaim's counters and histograms, exposed with the runtime's (/metrics)."""
         self.reclaimer.metrics = ReclaimMetrics(registry)
+        self.orphans.deleted = PromCounter(
+            "vkprovider_orphans_deleted",
+            "Member pods of ours deleted because their front-end pod is gone, replaced or ended.",
+            ["member", "why"],
+            registry=registry,
+        )
 
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 

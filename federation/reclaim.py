@@ -523,7 +523,7 @@ class Reclaimer:
             stamp = rfc3339(time.time())
             names = ", ".join(sorted(k.split("/", 1)[-1] for k, _ in taken))
             message = f"{len(taken)} pod(s) taken back by member {member_name}: {names}; checkpoint now"
-            target = await self._job_object(job_key, taken[0][0])
+            target = await self.job_object(job_key, taken[0][0])
             if self.events is not None and target is not None:
                 await self.events.emit(target, reason="PodsReclaimed", message=message[:1000], warning=True)
             if member is None or not job_key:
@@ -539,7 +539,7 @@ class Reclaimer:
                 await self._patch_member(member, member_pod, {labels.LAST_RECLAIM: value})
                 await self._patch_front(member_pod, {labels.LAST_RECLAIM: value})
 
-    async def _job_object(self, job_key: str, front_key: str) -> dict[str, Any] | None:
+    async def job_object(self, job_key: str, front_key: str) -> dict[str, Any] | None:
         """The object to tell: the job's group object, else its owner, else the pod."""
         assert self.front is not None
         namespace, _, name = front_key.partition("/")

@@ -12,6 +12,9 @@ writer of pod status. Rules it keeps:
   precondition) once the provider reports it gone or the grace period has passed.
 - Start-up clean-up deletes only provider pods the provider says this instance owns and that
   have no pod of the same UID in the API.
+- While the API is unreachable nothing is deleted and the provider's pods keep running; pods
+  whose sync could not reach it wait (parked, without backoff) and are all synced again the
+  moment a pod list succeeds, so every status change of the gap is written once it answers.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from vkprovider import logs, podstatus
 from vkprovider.backoff import ExponentialBackoff
 from vkprovider.events import EventRecorder
-from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound
+from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound, Unreachable
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, PodStatus, pod_key, split_key
 from vkprovider.provider import (
@@ -74,6 +77,9 @@ class PodController:
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling: dict[str, float] = {}  # key -> loop time until which its first status write waits
         self._listed: set[str] = set()
+        #: Keys whose sync found the API unreachable: synced again once a list succeeds.
+        self._parked: set[str] = set()
+        self._answered = 0  # successful lists so far: a sync that failed across one is not parked
         self.ready = asyncio.Event()
         self.queue: WorkQueue | None = None
         self._watches: dict[str, asyncio.Task[None]] = {}
@@ -132,6 +138,7 @@ class PodController:
                 self._listed.add(node)
                 if self._listed >= set(self._nodes):
                     self.ready.set()
+                self._unpark()
                 failures = 0
                 while True:
                     async for event in self._client.watch(PODS_PATH, resource_version=rv, params=params):
@@ -153,7 +160,8 @@ class PodController:
             except ApiError as exc:
                 failures += 1
                 self._metrics.errors.labels("pod-watch", exc.reason).inc()
-                delay = min(30.0, 0.2 * 2**failures)
+                # Capped low: after an outage of the API, this list is what wakes the parked pods.
+                delay = min(5.0, 0.2 * 2**failures)
                 self._log.warning("pod watch failed", node=node, error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
 
@@ -183,6 +191,14 @@ class PodController:
         if cached is not None and cached["metadata"].get("uid") == updated["metadata"].get("uid"):
             self.cache[key] = updated
         self._metrics.status_writes.inc()
+
+    def _unpark(self) -> None:
+        """The API answers again: sync every pod that could not reach it."""
+        assert self.queue is not None
+        self._answered += 1
+        parked, self._parked = self._parked, set()
+        for key in parked:
+            self.queue.add(key)
 
     # -- the provider side -----------------------------------------------------------------------
 
@@ -368,6 +384,7 @@ class PodController:
                 return
             started = time.perf_counter()
             result = "ok"
+            answered = self._answered
             try:
                 await self.sync(key)
                 queue.forget(key)
@@ -375,11 +392,21 @@ class PodController:
                 result = "conflict"
                 queue.add_rate_limited(key)
             except (ApiError, ProviderError) as exc:
-                result = "error"
                 kind = exc.reason if isinstance(exc, ApiError) else type(exc).__name__
                 self._metrics.errors.labels("pod-sync", kind).inc()
-                delay = queue.add_rate_limited(key)
-                self._log.warning("pod sync failed", pod=key, error=str(exc), retry_in=round(delay, 3))
+                if isinstance(exc, Unreachable) and exc.server == self._client.server:
+                    # The API itself is down (not a member): no backoff growing through the
+                    # outage and no retry storm; the next successful list syncs the pod again.
+                    result = "parked"
+                    queue.forget(key)
+                    if self._answered == answered:
+                        self._parked.add(key)
+                    else:
+                        queue.add_after(key, 0.2)  # it answered meanwhile
+                else:
+                    result = "error"
+                    delay = queue.add_rate_limited(key)
+                    self._log.warning("pod sync failed", pod=key, error=str(exc), retry_in=round(delay, 3))
             finally:
                 queue.done(key)
                 self._metrics.sync_seconds.labels(result).observe(time.perf_counter() - started)

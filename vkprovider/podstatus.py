@@ -28,6 +28,9 @@ OWNED_FIELDS = (
     "startTime",
 )
 OWNED_CONDITIONS = frozenset({"Initialized", "Ready", "ContainersReady", "PodReadyToStartContainers"})
+#: Conditions under our own domain are the provider's to state (vkprovider.io/MemberReachable):
+#: written as it reports them and removed when it stops, like the kubelet's own.
+PROVIDER_CONDITION_PREFIX = "vkprovider.io/"
 #: Shared with other writers, as the kubelet shares it: the runtime writes the provider's only
 #: together with a terminal phase (one write: Failed and why), and otherwise keeps what is there.
 DISRUPTION = "DisruptionTarget"
@@ -88,6 +91,7 @@ def desired_status(api_pod: Pod, provider_status: PodStatus, *, host_ip: str) ->
     provided = _conditions_by_type(provider_status)
     terminal = provider_status.get("phase") in TERMINAL_PHASES
     owned = OWNED_CONDITIONS | ({DISRUPTION} if terminal and DISRUPTION in provided else set())
+    owned |= {t for t in (*provided, *old) if t.startswith(PROVIDER_CONDITION_PREFIX)}
     for ctype, cond in provided.items():
         if ctype not in owned:
             continue

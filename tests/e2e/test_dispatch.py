@@ -607,35 +607,3 @@ async def test_elastic_job_starts_its_minimum_then_grows_as_online_load_falls(
         await cleanup(lab, offline, ns)
         proc.ensure_stopped()
         await online_replicas(0)
-
-
-async def test_pods_fail_with_a_reason_when_their_member_is_lost(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
-    from e2e import lab as lab_mod
-
-    proc = federation_vk(lab, tmp_path, lab.members)
-    proc.overrides["provider.federation"]["members"][2]["weight"] = 10  # prefer member-3
-    await start_synced(proc)
-    ns = await make_namespace(offline, f"lost-{uuid.uuid4().hex[:6]}")
-    try:
-        body = gang_pod("victim", proc.node, "none", 0)
-        del body["spec"]["schedulingGroup"]
-        body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
-        body["spec"]["restartPolicy"] = "Never"
-        await offline.create(f"/api/v1/namespaces/{ns}/pods", body)
-
-        async def phase(want: str) -> dict[str, Any] | None:
-            item = await offline.get(f"/api/v1/namespaces/{ns}/pods/victim")
-            return item if item["status"].get("phase") == want else None
-
-        item = await eventually(lambda: phase("Running"), what="the pod running")
-        assert item["metadata"]["annotations"]["vkprovider.io/member"] == "member-3"
-        await asyncio.to_thread(lab_mod.stop_cluster, lab.state_dir, "member-3")
-        try:
-            item = await eventually(lambda: phase("Failed"), timeout=40, what="the pod failed after the grace")
-            assert item["status"]["reason"] == "MemberLost"
-            assert "member-3" in item["status"]["message"]
-        finally:
-            await lab_mod.start_cluster(lab.state_dir, "member-3")
-    finally:
-        await cleanup(lab, offline, ns)
-        proc.ensure_stopped()

@@ -29,6 +29,7 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
 }
 
 Params = Mapping[str, str | int | bool | None]
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 class WatchEvent(TypedDict):
@@ -90,8 +91,8 @@ class KubeClient:
     async def close(self) -> None:
         await self._session.close()
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers: dict[str, str] = {}
+    def _headers(self, content_type: str | None = None, accept: str | None = None) -> dict[str, str]:
+        headers: dict[str, str] = {"Accept": accept} if accept else {}
         token = self.access.bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -108,6 +109,7 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        accept: str | None = None,
     ) -> dict[str, Any]:
         """One request; the decoded JSON answer, or an ApiError subclass."""
         if self.fence is not None and self.fence.closed and method != "GET":
@@ -121,7 +123,7 @@ class KubeClient:
                 self.server + path,
                 params=_query(params),
                 data=data,
-                headers=self._headers(content_type if data is not None else None),
+                headers=self._headers(content_type if data is not None else None, accept),
                 timeout=client_timeout,
             ) as resp:
                 raw = await resp.read()
@@ -131,7 +133,12 @@ class KubeClient:
                     raise error_for(resp.status, decoded, text, resp.headers.get("Retry-After"))
                 return decoded or {}
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unreachable(0, "Unreachable", f"{method} {self.server}{path}: {exc!r}") from exc
+            raise self._unreachable(f"{method} {self.server}{path}: {exc!r}") from exc
+
+    def _unreachable(self, message: str) -> Unreachable:
+        err = Unreachable(0, "Unreachable", message)
+        err.server = self.server
+        return err
 
     async def get(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
         return await self.request("GET", path, params=params)
@@ -161,12 +168,14 @@ class KubeClient:
     ) -> dict[str, Any]:
         return await self.request("DELETE", path, body=body, params=params)
 
-    async def list(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
-        """A whole list, following `continue` tokens; items of all pages in one dict."""
+    async def list(self, path: str, *, params: Params | None = None, metadata_only: bool = False) -> dict[str, Any]:
+        """A whole list, following `continue` tokens; items of all pages in one dict. With
+        `metadata_only` the apiserver sends each item's metadata alone (far less to decode)."""
         items: list[dict[str, Any]] = []
         query = dict(params or {})
+        accept = METADATA_LIST if metadata_only else None
         while True:
-            page = await self.get(path, params=query)
+            page = await self.request("GET", path, params=query, accept=accept)
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -210,7 +219,7 @@ class KubeClient:
                         if line.strip():
                             yield _watch_event(line)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unreachable(0, "Unreachable", f"WATCH {self.server}{path}: {exc!r}") from exc
+            raise self._unreachable(f"WATCH {self.server}{path}: {exc!r}") from exc
 
     async def stream(self, path: str, *, params: Params | None = None) -> AsyncIterator[bytes]:
         """Raw body chunks of a streaming GET (logs), as they arrive."""
@@ -226,7 +235,7 @@ class KubeClient:
                 async for chunk in resp.content.iter_any():
                     yield chunk
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unreachable(0, "Unreachable", f"GET {self.server}{path}: {exc!r}") from exc
+            raise self._unreachable(f"GET {self.server}{path}: {exc!r}") from exc
 
     async def wait_ready(self, *, timeout: float, path: str = "/readyz") -> None:
         """Poll a health endpoint until it answers 200; raise Unreachable with the last reason."""

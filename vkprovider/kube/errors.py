@@ -23,6 +23,9 @@ class ApiError(Exception):
 class Unreachable(ApiError):
     """No HTTP answer at all: connection refused, reset, TLS failure or timeout."""
 
+    #: The apiserver that did not answer (a caller talking to several tells them apart).
+    server: str = ""
+
 
 class Fenced(ApiError):
     """Not sent: this process's writes are fenced off (it lost its leadership)."""
