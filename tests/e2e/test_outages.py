@@ -147,8 +147,10 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
             "member pods were re-created, duplicated or not deleted"
         )
     finally:
-        await cleanup(lab, offline, ns)
-        proc.ensure_stopped()
+        try:
+            await cleanup(lab, offline, ns)
+        finally:
+            proc.ensure_stopped()
 
 
 async def lost_pods_leave_no_orphans(lab: Lab, offline: KubeClient, workdir: Path) -> None:
@@ -220,8 +222,10 @@ async def lost_pods_leave_no_orphans(lab: Lab, offline: KubeClient, workdir: Pat
         for item in await pods(offline, ns):
             assert item["status"]["phase"] == "Failed"  # never brought back to life
     finally:
-        await cleanup(lab, offline, ns)
-        proc.ensure_stopped()
+        try:
+            await cleanup(lab, offline, ns)
+        finally:
+            proc.ensure_stopped()
 
 
 async def test_member_outages_fail_nothing_before_pods_lost_after_and_leave_no_orphans_after_it(
@@ -276,8 +280,10 @@ async def test_a_member_pod_whose_front_end_pod_went_while_the_provider_was_down
                 await member.delete(f"/api/v1/namespaces/{ns}/pods/bystander", body={"gracePeriodSeconds": 0})
             except ApiError:
                 pass
-        await cleanup(lab, offline, ns)
-        proc.ensure_stopped()
+        try:
+            await cleanup(lab, offline, ns)
+        finally:
+            proc.ensure_stopped()
 
 
 async def test_a_front_end_outage_loses_no_status_change(lab: Lab, tmp_path: Path) -> None:
@@ -330,6 +336,8 @@ async def test_a_front_end_outage_loses_no_status_change(lab: Lab, tmp_path: Pat
         assert len(early) < 10, "the pods started before the outage: the test shows nothing"
         assert await all_in_members() == before
     finally:
-        async with lab.client("offline") as offline:
-            await cleanup(lab, offline, ns)
-        proc.ensure_stopped()
+        try:
+            async with lab.client("offline") as offline:
+                await cleanup(lab, offline, ns)
+        finally:
+            proc.ensure_stopped()
