@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes-per-member", type=int, default=20)
     up.add_argument("--profiles", default="", help="comma-separated node profiles per member (cpu,gpu-v100,gpu-t4)")
     up.add_argument(
+        "--offline-nodes", type=int, default=0, help="native simulated nodes in the offline cluster (default: none)"
+    )
+    up.add_argument(
+        "--offline-profile", default="gpu-v100", help="node profile of the offline cluster's nodes (default: gpu-v100)"
+    )
+    up.add_argument(
         "--port-base", type=int, default=None, help="first of a block of loopback ports (default: any free)"
     )
     up.add_argument("--bin-dir", type=Path, default=None, help="take binaries from here instead of the build cache")
@@ -65,6 +71,8 @@ async def _run(args: argparse.Namespace) -> int:
             members=args.members,
             nodes_per_member=args.nodes_per_member,
             profiles=tuple(p for p in args.profiles.split(",") if p),
+            offline_nodes=args.offline_nodes,
+            offline_profile=args.offline_profile,
             port_base=args.port_base,
             bin_dir=args.bin_dir,
         )

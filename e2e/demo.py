@@ -4,6 +4,9 @@ vkprovider runs with the federation provider in pooled mode over the three membe
 node in the offline cluster shows what the members can lend. Then come a PS-worker gang (2 PS +
 4 V100 workers, same network pod), an elastic ring-allreduce job (minimum 4 of 8 workers) and
 plain pods. Each job is pinned to one member; the status tables show capacity, jobs and pins.
+A hybrid job follows: its launcher and two workers routed to the offline cluster's own nodes,
+six elastic workers to the virtual node (the provider's routing webhook, by band). Then online
+load returns and capacity is given back.
 Everything keeps running afterwards (`make down` stops it).
 """
 
@@ -25,7 +28,7 @@ import yaml
 from e2e import binaries, online, state, status
 from e2e import lab as lab_mod
 from vkprovider import status as vk_status
-from vkprovider.kube import AlreadyExists, KubeClient, ensure_namespace, load_kubeconfig
+from vkprovider.kube import AlreadyExists, ApiError, KubeClient, ensure_namespace, load_kubeconfig
 
 NODE = "vk-pool"
 PORT = 10250
@@ -158,8 +161,8 @@ async def demo(state_dir: Path) -> None:
         lab = existing
         print(f"reusing the lab running in {state_dir}")
     else:
-        print("starting the lab: offline + 3 members x 20 simulated nodes (cpu, gpu-v100, gpu-t4)")
-        lab = await lab_mod.up(state_dir, lab_mod.LabSpec(members=3, nodes_per_member=20))
+        print("starting the lab: offline (3 native nodes) + 3 members x 20 simulated nodes (cpu, gpu-v100, gpu-t4)")
+        lab = await lab_mod.up(state_dir, lab_mod.LabSpec(members=3, nodes_per_member=20, offline_nodes=3))
     print(await status.table(lab))
     await online.set_load(lab.kubeconfig("member-1"), cpu_share=0.3, wait=True, name="web")
     print("\nonline load in member-1: 30 % of its CPU")
@@ -171,6 +174,7 @@ async def demo(state_dir: Path) -> None:
     # A short checkpoint notice, so the demo's reclaim step is over in seconds.
     for member in config["provider"]["federation"]["members"]:
         member["reclaim"] = {"notice_seconds": RECLAIM_NOTICE}
+    config["provider"]["federation"]["routing"] = {"enabled": True, "port": ROUTING, "bind": "127.0.0.1"}
     config_path = state_dir / "vkprovider.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log = open(state_dir / "logs" / "vkprovider.log", "ab")  # noqa: SIM115 - handed to the process
@@ -213,11 +217,74 @@ async def demo(state_dir: Path) -> None:
     print(vk_status.render(vk_status.fetch(url)))
     print()
     print(await status.table(lab))
+    await _hybrid_step(lab)
     await _reclaim_step(lab, url)
     print(f"\nall of it keeps running; kubeconfigs in {state_dir}/kubeconfig/, stop it with `make down`")
 
 
 RECLAIM_NOTICE = 10
+ROUTING = 9443
+HYBRID_NS = "hybrid"
+
+
+async def _hybrid_step(lab: state.LabState) -> None:
+    """A hybrid job in a namespace routed `hybrid`: its pods say nothing about nodes; the floor
+    (launcher, 2 workers) lands on native nodes, the 6 elastic workers on the virtual node."""
+    print(f"\nnamespace {HYBRID_NS} labelled vkprovider.io/routing=hybrid; a job of 1 launcher, 2 workers (its")
+    print("minimum of 3) and 6 elastic workers, with no node selectors or tolerations of its own")
+    async with KubeClient(load_kubeconfig(lab.kubeconfig("offline"))) as client:
+        await ensure_namespace(client, HYBRID_NS)
+        await client.patch(
+            f"/api/v1/namespaces/{HYBRID_NS}", {"metadata": {"labels": {"vkprovider.io/routing": "hybrid"}}}
+        )
+        for _ in range(100):  # the provider registers its webhook as it starts
+            with contextlib.suppress(ApiError):
+                await client.get(
+                    f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/vkprovider-routing-{NODE}"
+                )
+                break
+            await asyncio.sleep(0.2)
+        group = {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "tide"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+        }
+        with contextlib.suppress(AlreadyExists):
+            await client.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{HYBRID_NS}/podgroups", group)
+        roles = {"launcher": "ps", "worker-0": "worker-min", "worker-1": "worker-min"}
+        roles |= {f"elastic-{i}": "worker-max" for i in range(6)}
+        for name, role in roles.items():
+            body = {
+                "metadata": {"name": name, "labels": {"vkprovider.io/role": role}},
+                "spec": {
+                    "schedulingGroup": {"podGroupName": "tide"},
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {"name": "main", "image": "registry.example/tide:1", "resources": {"requests": {"cpu": "4"}}}
+                    ],
+                },
+            }
+            with contextlib.suppress(AlreadyExists):
+                await client.create(f"/api/v1/namespaces/{HYBRID_NS}/pods", body)
+        for _ in range(150):
+            items = (await client.list(f"/api/v1/namespaces/{HYBRID_NS}/pods"))["items"]
+            if sum(1 for p in items if p["status"].get("phase") == "Running") >= len(roles):
+                break
+            await asyncio.sleep(0.2)
+    print(f"$ kubectl -n {HYBRID_NS} get pods   # the floor on native nodes, the elastic part lent")
+    print(
+        _kubectl(
+            lab,
+            "-n",
+            HYBRID_NS,
+            "get",
+            "pods",
+            "-o",
+            "custom-columns=NAME:.metadata.name,PHASE:.status.phase,NODE:.spec.nodeName,"
+            "MEMBER:.metadata.annotations.vkprovider\\.io/member,ROUTED:.metadata.annotations.vkprovider\\.io/routed",
+        )
+    )
 
 
 async def _reclaim_step(lab: state.LabState, url: str) -> None:

@@ -1,8 +1,9 @@
 """The lab as a pytest fixture: started once per test session and shared by the end-to-end tests.
 
 Set `VKPROVIDER_LAB_STATE=DIR` to run the tests against a lab already up in DIR (started with
-`python -m e2e up --state DIR`); it is left running afterwards. Otherwise the fixture starts
-3 members x 20 nodes in a temporary directory and stops it at the end of the session.
+`python -m e2e up --offline-nodes 4 --state DIR`); it is left running afterwards. Otherwise the
+fixture starts 3 members x 20 nodes and 4 native offline nodes in a temporary directory and
+stops it at the end of the session.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vkprovider.kube import KubeClient, load_kubeconfig
 
 MEMBERS = 3
 NODES_PER_MEMBER = 20
+OFFLINE_NODES = 4  # native nodes of the offline cluster, for hybrid jobs
 
 
 @dataclass
@@ -55,7 +57,8 @@ async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lab]:
         yield Lab(state)
         return
     state_dir = tmp_path_factory.mktemp("lab")
-    state = await lab_mod.up(state_dir, lab_mod.LabSpec(members=MEMBERS, nodes_per_member=NODES_PER_MEMBER))
+    spec = lab_mod.LabSpec(members=MEMBERS, nodes_per_member=NODES_PER_MEMBER, offline_nodes=OFFLINE_NODES)
+    state = await lab_mod.up(state_dir, spec)
     try:
         yield Lab(state)
     finally:

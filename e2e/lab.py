@@ -1,5 +1,6 @@
 """Bringing the lab up and down: one shared etcd on tmpfs, then per cluster a kube-apiserver,
-kube-scheduler, kube-controller-manager and (members) KWOK with simulated nodes.
+kube-scheduler, kube-controller-manager and KWOK with simulated nodes (every member; the offline
+cluster only when it is given native nodes).
 
 Every process is recorded in the state directory the moment it starts, so a failed `up` and a
 later `down` stop exactly what was started and nothing else. Failures surface as `LabError`
@@ -42,8 +43,20 @@ class LabSpec:
     members: int = 3
     nodes_per_member: int = 20
     profiles: tuple[str, ...] = ()  # per member; default cycles cpu, gpu-v100, gpu-t4
+    offline_nodes: int = 0  # the offline cluster's own (native) nodes; 0 starts no KWOK there
+    offline_profile: str = "gpu-v100"
     port_base: int | None = None
     bin_dir: Path | None = None
+
+    def validate(self) -> None:
+        """Refuse a spec `up` cannot start, with a message naming the flag."""
+        if self.members < 0 or self.nodes_per_member < 0:
+            raise LabError("--members and --nodes-per-member must not be negative")
+        if self.offline_nodes < 0:
+            raise LabError("--offline-nodes must not be negative")
+        for profile in (*self.profiles, self.offline_profile):
+            if profile not in nodes.PROFILES:
+                raise LabError(f"unknown node profile {profile!r}; known: {', '.join(nodes.PROFILES)}")
 
     def cluster_names(self) -> list[str]:
         return ["offline"] + [f"member-{i}" for i in range(1, self.members + 1)]
@@ -176,13 +189,21 @@ async def _install_crds(client: KubeClient) -> None:
             raise LabError(f"CRD {name} not established")
 
 
+def _runs_kwok(cluster: ClusterState) -> bool:
+    """Members always run KWOK; the offline cluster only when it has native nodes."""
+    return cluster.role == "member" or cluster.nodes > 0
+
+
 async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index: int) -> None:
     profile = nodes.PROFILES[cluster.profile or "cpu"]
+    native = {nodes.CAPACITY_LABEL: nodes.NATIVE_CAPACITY} if cluster.role == "offline" else None
     limit = asyncio.Semaphore(16)
 
     async def one(index: int) -> None:
         async with limit:
-            node = nodes.build_node(cluster=cluster.name, member_index=member_index, index=index, profile=profile)
+            node = nodes.build_node(
+                cluster=cluster.name, member_index=member_index, index=index, profile=profile, extra_labels=native
+            )
             await _create(client, "/api/v1/nodes", node)
             topology = nodes.build_node_topology(node=node["metadata"]["name"], profile=profile)
             await _create(client, "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies", topology)
@@ -202,7 +223,7 @@ async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int) ->
             "description": "Online services of the lab's member clusters (the load generator).",
         }
         await _create(client, "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
-        if cluster.role == "member":
+        if _runs_kwok(cluster):
             await _create_nodes(client, cluster, member_index)
 
 
@@ -210,7 +231,7 @@ async def _cluster_ready(lab: LabState, cluster: ClusterState) -> bool:
     access = load_kubeconfig(lab.kubeconfig(cluster.name))
     async with KubeClient(access, user_agent="vkprovider-lab", request_timeout=5) as client:
         await client.get("/api/v1/namespaces/default/serviceaccounts/default")
-        if cluster.role != "member":
+        if not cluster.nodes:
             return True
         node_list = await client.list("/api/v1/nodes", params={"labelSelector": "type=kwok"})
         ready = sum(
@@ -230,11 +251,7 @@ async def up(state_dir: Path, spec: LabSpec) -> LabState:
     existing = state.load(state_dir) if (state_dir / state.STATE_FILE).exists() else None
     if existing and is_running(existing):
         raise LabError(f"a lab is already running in {state_dir}; run `python -m e2e down --state {state_dir}` first")
-    if spec.members < 0 or spec.nodes_per_member < 0:
-        raise LabError("--members and --nodes-per-member must not be negative")
-    for profile in spec.profiles:
-        if profile not in nodes.PROFILES:
-            raise LabError(f"unknown node profile {profile!r}; known: {', '.join(nodes.PROFILES)}")
+    spec.validate()
     bins = _resolve_binaries(spec)
     names = spec.cluster_names()
     try:
@@ -263,8 +280,8 @@ async def up(state_dir: Path, spec: LabSpec) -> LabState:
             name=name,
             role="member" if member else "offline",
             apiserver_port=plan.clusters[name].apiserver,
-            profile=spec.profile_of(index) if member else None,
-            nodes=spec.nodes_per_member if member else 0,
+            profile=spec.profile_of(index) if member else (spec.offline_profile if spec.offline_nodes else None),
+            nodes=spec.nodes_per_member if member else spec.offline_nodes,
         )
     lab.save()
     started = time.monotonic()
@@ -373,7 +390,7 @@ async def _start_cluster_components(
     cluster.processes["kube-controller-manager"] = kcm
     lab.save()
     await _bootstrap(lab, cluster, member_index)
-    if cluster.role == "member":
+    if _runs_kwok(cluster):
         cluster.processes["kwok"] = _start(
             lab,
             _process(

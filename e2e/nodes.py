@@ -1,5 +1,6 @@
-"""Simulated member nodes: hardware profiles and the Node and NodeResourceTopology objects the
-lab creates for them (pure builders; KWOK then keeps the nodes Ready and runs their pods).
+"""Simulated nodes: hardware profiles and the Node and NodeResourceTopology objects the lab
+creates for members and, on request, for the offline cluster itself (pure builders; KWOK then
+keeps the nodes Ready and runs their pods).
 
 Labels follow what real online clusters carry: GPU Feature Discovery's `nvidia.com/gpu.product`,
 the well-known zone and region labels, and a network-pod label (several nodes share one network
@@ -8,6 +9,7 @@ pod, the unit of "same network" placement).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,10 @@ NETWORK_POD_LABEL = "vkprovider.io/network-pod"
 PROFILE_LABEL = "vkprovider.io/lab-profile"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: What a node's capacity is: the offline cluster's own nodes carry `native` (hybrid jobs put
+#: some pods there and the rest on a virtual node); members' nodes do not carry it.
+CAPACITY_LABEL = "vkprovider.io/capacity"
+NATIVE_CAPACITY = "native"
 KUBELET_VERSION = "v1.37.2"
 
 
@@ -85,7 +91,10 @@ def resources(profile: Profile) -> tuple[dict[str, str], dict[str, str]]:
     return capacity, allocatable
 
 
-def build_node(*, cluster: str, member_index: int, index: int, profile: Profile) -> dict[str, Any]:
+def build_node(
+    *, cluster: str, member_index: int, index: int, profile: Profile, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One node; `member_index` picks its address and pod CIDR block (0 for the offline cluster)."""
     name = node_name(cluster, index)
     capacity, allocatable = resources(profile)
     labels = {
@@ -103,6 +112,7 @@ def build_node(*, cluster: str, member_index: int, index: int, profile: Profile)
         labels[GPU_PRODUCT_LABEL] = profile.gpu_product
         labels["nvidia.com/gpu.count"] = str(profile.gpus)
         labels["nvidia.com/gpu.present"] = "true"
+    labels.update(extra_labels or {})
     return {
         "apiVersion": "v1",
         "kind": "Node",

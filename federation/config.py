@@ -100,6 +100,23 @@ class MemberConfig(_Model):
     reclaim: ReclaimConfig = Field(default_factory=ReclaimConfig)
 
 
+class RoutingConfig(_Model):
+    """The routing webhook (federation.routing, federation.webhook)."""
+
+    enabled: bool = Field(False, description="Serve and register the mutating webhook that routes pods by band.")
+    port: int = Field(9443, description="HTTPS port of the webhook.")
+    bind: str = Field("0.0.0.0", description="Address the webhook listens on.")
+    hosts: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1"], min_length=1, description="Names and IPs its certificate carries."
+    )
+    url: str | None = Field(
+        None, description="Base URL the apiserver calls (a Service's https address); default https://hosts[0]:port."
+    )
+    configuration_name: str | None = Field(
+        None, description="Name of the MutatingWebhookConfiguration; default vkprovider-routing-<node>."
+    )
+
+
 class FederationConfig(_Model):
     members: list[MemberConfig] = Field(default_factory=list, description="Members declared in the settings.")
     member_objects: bool = Field(True, description="Also take members from MemberCluster objects.")
@@ -114,6 +131,7 @@ class FederationConfig(_Model):
         "until then they keep their last known status. Mirrors the 300 s tolerationSeconds for "
         "node.kubernetes.io/unreachable, as unreachable_grace mirrors the node monitor's grace.",
     )
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     orphan_interval: float = Field(
         120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
     )

@@ -5,10 +5,12 @@
   front-end group object, or on a gang's pods; for other jobs the member pods' job label is
   the record. Every front-end pod shows its member (annotation vkprovider.io/member), written
   with its status.
-- Gang pods wait at the front end until the gang's minimum is bound; then the member's gang
-  object is created first, then all pods at once. If the member has not bound the gang within
-  the timeout, the member gang is deleted, the job unpinned and the next candidate tried; with
-  none left the pods end Failed with reason GangTimeout.
+- Gang pods wait at the front end until the gang's minimum is bound, counting the job's pods on
+  native nodes too (federation.hybrid): only the virtual part needed to complete the minimum
+  leaves as a gang; the member's gang object is created first, then those pods at once. If the
+  member has not bound the gang within the timeout, the member gang is deleted, the job
+  unpinned and the next candidate tried; with none left the pods end Failed with reason
+  GangTimeout.
 - Our member pods are watched (by label) and their status reported back to the runtime.
 State is rebuilt from the front-end pods and the member pods after a restart.
 """
@@ -20,15 +22,22 @@ import contextlib
 import datetime
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import bands, disruption, forge, outages, placement, reflect
+from federation import bands, disruption, forge, hybrid, outages, placement, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
-from federation.jobs import GROUP_RESOURCES, GangSpec, JobRef, gang_of, job_of, role_of
+from federation.jobs import (
+    GROUP_RESOURCES,
+    GangSpec,
+    JobRef,
+    gang_of,
+    job_of,
+    role_of,
+)
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import (
@@ -48,6 +57,7 @@ from vkprovider.provider import ProviderError
 
 PIN = forge.MEMBER
 RECLAIM_AT = disruption.RECLAIM_AT
+NATIVE_TTL = 1.0  # seconds a namespace's list of pods on native nodes serves job counts
 GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
 
 
@@ -245,6 +255,18 @@ class Job:
     recorded: str | None = None  # the member the group object names (vkprovider.io/member)
     core: set[str] = field(default_factory=set)  # pods dispatched as the gang (the rest are elastic)
     role: str = "worker-min"  # the gang core's shared priority role
+    native: int = 0  # the job's pods on native nodes, when last counted
+    #: The member gang's minimum once dispatched (the virtual part of the job's minimum);
+    #: None before, 0 or 1 when the native pods alone meet the minimum (no gang in the member).
+    member_min: int | None = None
+    incomplete_told: bool = False
+
+    @property
+    def member_gang(self) -> GangSpec:
+        """The gang as the member sees it: the job's, with the virtual part's minimum."""
+        if self.member_min is None or self.member_min == self.gang.min_member:
+            return self.gang
+        return replace(self.gang, min_member=max(1, self.member_min))
 
 
 class Dispatcher:
@@ -257,6 +279,7 @@ class Dispatcher:
         notify: Callable[[str], None],
         outage: Callable[[str], outages.Outage | None] = lambda member: None,
         draining: Callable[[str], bool] = lambda member: False,
+        virtual_nodes: Callable[[], list[str]] = lambda: [],
     ) -> None:
         self.instance = instance
         self._draining = draining
@@ -264,6 +287,9 @@ class Dispatcher:
         self._capacities = capacities
         self._notify = notify
         self._outage = outage
+        self._virtual_nodes = virtual_nodes
+        #: namespace -> (when, its pods on native nodes), for counting jobs' native pods.
+        self._native: TTLCache[str, tuple[float, list[dict[str, Any]]]] = TTLCache(maxsize=1000, ttl=60)
         self.jobs: dict[str, Job] = {}
         #: Pods a member took away (shared with every member's MemberPods).
         self.tombstones: Tombstones = new_tombstones()
@@ -341,7 +367,7 @@ class Dispatcher:
         body = forge.to_member(
             pod,
             job=job.ref,
-            gang=job.gang,
+            gang=job.member_gang,
             role=role_of(pod),  # type: ignore[arg-type]
             member=member,
             instance=self.instance,
@@ -468,7 +494,7 @@ class Dispatcher:
         await self._ensure_member_basics(member, client, namespace)
         body = forge.gang_object(
             job.ref,
-            job.gang,
+            job.member_gang,
             namespace=namespace,
             gang_api=config.gang_api,
             placement=job.place,
@@ -589,20 +615,29 @@ class Dispatcher:
                 # to the job's member on its own, as capacity allows.
                 await self._create_member_pod(job, job.pods[key], pinned, in_gang=key in job.core)
                 return
-            if pinned and (not job.gang.is_gang or self._known_pods(job, pinned) >= job.gang.min_member):
+            known = self._known_pods(job, pinned) if pinned else len(job.pods)
+            if job.gang.is_gang:
+                job.native = await self._count_native(job)
+                if known + job.native >= job.gang.min_member:
+                    # About to decide what leaves as the gang: count from the API as it is now
+                    # (pods bound together by the front end's gang scheduler may be in flight).
+                    job.native = await self._count_native(job, fresh=True)
+            if pinned and (not job.gang.is_gang or known + job.native >= job.gang.min_member):
                 # Pinned before a restart: finish the dispatch in the same member.
                 job.member = pinned
-                job.core = set(job.pods)
+                job.member_min = max(0, job.gang.min_member - job.native) if job.gang.is_gang else None
+                job.core = set(job.pods) if job.member_gang.is_gang else set()
                 job.role = forge.gang_role([role_of(p) for p in job.pods.values()])  # type: ignore[arg-type]
-                if job.gang.is_gang:
+                if job.member_gang.is_gang:
                     await self._create_gang_object(job, pinned)
                 for other in list(job.pods.values()):
-                    await self._create_member_pod(job, other, pinned)
+                    await self._create_member_pod(job, other, pinned, in_gang=bool(job.core))
                 job.dispatched_at = time.monotonic()
                 self._start_timer(job)
                 return
-            if job.gang.is_gang and len(job.pods) < job.gang.min_member:
+            if job.gang.is_gang and len(job.pods) + job.native < job.gang.min_member:
                 self._notify_job(job)  # waiting: every pod's message names the count
+                self._start_timer(job)  # counts native pods again while it waits
                 return
             if job.ready_at is None:
                 job.ready_at = time.monotonic()
@@ -622,20 +657,48 @@ class Dispatcher:
             }
         return len(set(job.pods) | there)
 
-    def _core(self, job: Job) -> list[str]:
-        """The pods that leave as the gang: its minimum, highest roles first (PS, then
-        worker-min); the others are elastic and follow one by one."""
+    async def _count_native(self, job: Job, *, fresh: bool = False) -> int:
+        """The job's pods bound to native nodes of the front end (federation.hybrid)."""
+        if self.front is None:
+            return 0
+        virtual = set(self._virtual_nodes())
+        namespace = job.ref.namespace
+        cached = self._native.get(namespace)
+        if fresh or cached is None or time.monotonic() - cached[0] > NATIVE_TTL:
+            # Only pods bound elsewhere than our nodes and not ended (the apiserver filters), and
+            # at most one list per namespace and second however many jobs dispatch there.
+            fields = [f"spec.nodeName!={n}" for n in sorted(virtual)]
+            fields += ["spec.nodeName!=", "status.phase!=Succeeded", "status.phase!=Failed"]
+            try:
+                listed = await self.front.list(
+                    f"/api/v1/namespaces/{namespace}/pods", params={"fieldSelector": ",".join(fields)}
+                )
+            except ApiError as exc:
+                self._log.warning("native pods of a job not counted", job=job.ref.key, error=str(exc))
+                return job.native
+            cached = (time.monotonic(), listed["items"])
+            self._native[namespace] = cached
+        return len(hybrid.native_pods(cached[1], job.ref, virtual))
+
+    def _split(self, job: Job) -> hybrid.Split:
+        """The pods that leave as the gang (the virtual part of its minimum, highest bands
+        first) and the elastic rest; a plain job's pods all leave as they come."""
         if not job.gang.is_gang:
-            return list(job.pods)
-        ranked = sorted(job.pods, key=lambda k: -forge.ROLE_RANK.get(role_of(job.pods[k]), 2))  # type: ignore[arg-type]
-        return ranked[: job.gang.min_member]
+            return hybrid.Split(ready=True, core=tuple(job.pods), elastic=(), member_min=1)
+        roles = {k: role_of(p) for k, p in job.pods.items()}  # type: ignore[arg-type]
+        return hybrid.split(job.gang.min_member, job.native, roles)
 
     async def _dispatch(self, job: Job, *, retry: bool = False) -> None:
-        core = self._core(job)
+        split = self._split(job)
+        if not split.ready:
+            return
+        # All elastic (the floor is on native nodes): the member need only fit one pod now.
+        core = list(split.core) if split.core else [next(iter(job.pods))]
         requests = [pod_requests(job.pods[k]["spec"]) for k in core]
         weights = {n: m.config.weight for n, m in self._members().items()}
         capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
-        found = placement.candidates(capacities, requests, job.gang, weights=weights, exclude=job.excluded)
+        wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(core))
+        found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=job.excluded)
         if not found:
             if not job.gang.is_gang:
                 raise ProviderError("no member cluster can host this pod now")
@@ -645,13 +708,20 @@ class Dispatcher:
             return
         choice = found[0]
         job.member, job.place = choice.member, choice
-        job.core = set(core)
-        job.role = forge.gang_role([role_of(job.pods[k]) for k in core])  # type: ignore[arg-type]
+        job.member_min = split.member_min if job.gang.is_gang else None
+        core = list(split.core)
+        job.core = set(core) if job.member_gang.is_gang else set()
+        job.role = forge.gang_role([role_of(job.pods[k]) for k in core or job.pods])  # type: ignore[arg-type]
         self._log.info(
-            "dispatching job", job=job.ref.key, member=choice.member, pods=len(core), network_pod=choice.network_pod
+            "dispatching job",
+            job=job.ref.key,
+            member=choice.member,
+            pods=len(core),
+            native=job.native,
+            network_pod=choice.network_pod,
         )
         await self._record(job, choice.member)
-        if job.gang.is_gang:
+        if job.member_gang.is_gang:
             await self._create_gang_object(job, choice.member)
         limit = asyncio.Semaphore(64)
 
@@ -667,8 +737,10 @@ class Dispatcher:
             self._start_timer(job)
 
     def _start_timer(self, job: Job) -> None:
-        if not job.gang.is_gang or (job.timer is not None and not job.timer.done()):
+        if job.timer is not None and not job.timer.done():
             return
+        if not job.gang.is_gang or (job.member is not None and not job.member_gang.is_gang):
+            return  # nothing to bind as a whole in the member
         job.timer = asyncio.get_running_loop().create_task(self._gang_timer(job), name=f"dispatch/gang/{job.ref.key}")
 
     def _gang_bound(self, job: Job) -> bool:
@@ -680,7 +752,7 @@ class Dispatcher:
         bound = sum(
             1 for key in job.pods if key in pods.by_origin and pods.by_origin[key].get("spec", {}).get("nodeName")
         )
-        return bound >= job.gang.min_member
+        return bound >= job.member_gang.min_member
 
     async def _gang_timer(self, job: Job) -> None:
         started = job.dispatched_at or job.ready_at or time.monotonic()
@@ -691,12 +763,34 @@ class Dispatcher:
                 break
             await asyncio.sleep(0.5)
             if job.member is None and not job.failed:
-                # No member could take the gang when it was ready: try again as capacity moves.
+                # Not ready (pods on native nodes may be bound after ours), or no member could
+                # take the gang when it was: look again as pods and capacity move.
                 async with job.lock:
-                    if job.member is None and not job.failed:
+                    if job.member is None and not job.failed and job.pods and job.ready_at is None:
+                        job.native = await self._count_native(job)
+                        if len(job.pods) + job.native >= job.gang.min_member:
+                            job.native = await self._count_native(job, fresh=True)
+                            if len(job.pods) + job.native >= job.gang.min_member:
+                                job.ready_at = time.monotonic()
+                    if job.member is None and not job.failed and job.ready_at is not None:
                         await self._dispatch(job, retry=True)
+                        if job.member is not None:
+                            self._notify_job(job)
         async with job.lock:
             if self._gang_bound(job):
+                return
+            if job.member is None and job.ready_at is None:
+                # Never complete at the front end: the pods keep waiting and say why; the job
+                # is told once.
+                job.timer = None
+                if not job.incomplete_told:
+                    job.incomplete_told = True
+                    message = (
+                        f"{len(job.pods) + job.native} of the gang's {job.gang.min_member} pods are bound "
+                        f"({job.native} on native nodes, {len(job.pods)} on the virtual node) after "
+                        f"{job.gang.timeout:.0f}s; the virtual part leaves for a member when the minimum is bound"
+                    )
+                    await self._emit_job(job, "GangIncomplete", message)
                 return
             member = job.member
             if member is not None:
@@ -772,8 +866,9 @@ class Dispatcher:
         if job.failed:
             return pod, failed_status(pod, reason=job.failed, message=f"the job's member {job.failed}", exit_code=1)
         if job.gang.is_gang and job.dispatched_at is None:
-            bound = len(job.pods)
-            return pod, forge.waiting_status(bound=min(bound, job.gang.min_member), minimum=job.gang.min_member)
+            bound = len(job.pods) + job.native
+            minimum = job.gang.min_member
+            return pod, forge.waiting_status(bound=min(bound, minimum), minimum=minimum, native=job.native)
         return None, None
 
     def tombstone(self, key: str) -> tuple[dict[str, Any], disruption.Disruption] | None:

@@ -264,8 +264,9 @@ def status_from_member(member_pod: dict[str, Any]) -> PodStatus:
     return out  # type: ignore[return-value]
 
 
-def waiting_status(*, bound: int, minimum: int) -> PodStatus:
-    message = f"{bound} of {minimum} pods of the gang are bound; the gang leaves for a member when all are"
+def waiting_status(*, bound: int, minimum: int, native: int = 0) -> PodStatus:
+    where = f" ({native} on native nodes)" if native else ""
+    message = f"{bound} of {minimum} pods of the gang are bound{where}; the gang leaves for a member when all are"
     return {
         "phase": "Pending",
         "reason": "WaitingForGang",

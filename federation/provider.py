@@ -32,6 +32,7 @@ from federation.dispatch import Dispatcher, MemberPods
 from federation.inventory import Inventory
 from federation.reclaim import Reclaimer, ReclaimMetrics
 from federation.watch import MemberWatcher
+from federation.webhook import RoutingWebhook
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
@@ -190,6 +191,7 @@ class FederationProvider:
             notify=self._pod_changed,
             outage=lambda name: self.members[name].outage if name in self.members else None,
             draining=lambda name: name in self.members and self.members[name].draining,
+            virtual_nodes=self.node_names,
         )
         self.reclaimer = Reclaimer(
             members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
@@ -591,6 +593,9 @@ class FederationProvider:
             asyncio.create_task(self.reclaimer.run(), name="federation/reclaim"),
             asyncio.create_task(self.orphans.run(), name="federation/orphans"),
         ]
+        if self.config.routing.enabled:
+            webhook = RoutingWebhook(self.config.routing, name=self.node_name)
+            tasks.append(asyncio.create_task(webhook.run(client), name="federation/routing-webhook"))
         if self.config.member_objects:
             tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
         else:
@@ -692,8 +697,13 @@ class FederationProvider:
             self._unknown_yet()
             return None
         if front is None:
+            # A pod this run did not create (adopted after a restart): its UID is on its member
+            # pod, or on the last state of one taken away. Without it the runtime would take the
+            # pod for an older one of the same name and delete it, and with it the tombstone.
             found = self.dispatcher.member_pod(key)
-            uid = ((found[1]["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")) if found else ""
+            tomb = self.dispatcher.tombstone(key)
+            source = found[1] if found else (tomb[0] if tomb else None)
+            uid = ((source or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
             front = {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}
         pod: Pod = {"metadata": front["metadata"], "spec": front["spec"], "status": status}
         return pod

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 
 from e2e import procs
-from vkprovider.kube import AlreadyExists, KubeClient, NotFound, TooManyRequests, ensure_namespace
+from vkprovider.kube import KubeClient, NotFound, TooManyRequests, create_or_replace, ensure_namespace
 
 T = TypeVar("T")
 
@@ -82,12 +82,7 @@ async def install_member_cluster_crd(offline: KubeClient) -> None:
     fields it does not know)."""
     crd = yaml.safe_load(CRD.read_text())
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    try:
-        await offline.create(path, crd)
-    except AlreadyExists:
-        current = await offline.get(f"{path}/{crd['metadata']['name']}")
-        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        await offline.replace(f"{path}/{crd['metadata']['name']}", crd)
+    await create_or_replace(offline, path, crd)
     for _ in range(100):
         try:
             await offline.list(MEMBERS)

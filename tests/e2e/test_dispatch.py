@@ -102,6 +102,14 @@ async def cleanup(lab: Lab, offline: KubeClient, ns: str) -> None:
                 await delete_namespace(client, ns)
 
 
+async def cleanup_and_stop(lab: Lab, offline: KubeClient, ns: str, proc: VkProcess) -> None:
+    """`cleanup`, then stop the provider (which deletes member pods meanwhile) whatever happens."""
+    try:
+        await cleanup(lab, offline, ns)
+    finally:
+        proc.ensure_stopped()
+
+
 async def job_pods_in_members(lab: Lab, job: JobRef) -> dict[str, list[str]]:
     """Names of the job's pods in each member, found by the job label."""
     out: dict[str, list[str]] = {}

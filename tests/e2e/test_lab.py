@@ -1,5 +1,6 @@
-"""The lab works as a real multi-cluster environment: real scheduling onto simulated nodes,
-native gang scheduling, and apiserver outages of one member."""
+"""The lab works as a real multi-cluster environment: real scheduling onto simulated nodes (the
+members' and the offline cluster's own), native gang scheduling, and apiserver outages of one
+member."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from e2e import lab as lab_mod
+from e2e import nodes as lab_nodes
 from e2e.fixtures import Lab
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pod, pods
 
@@ -63,6 +65,45 @@ async def test_deployment_runs_on_simulated_nodes(lab: Lab) -> None:
                 conditions = {c["type"]: c["status"] for c in status["conditions"]}
                 assert conditions["Ready"] == "True"
                 assert status["containerStatuses"][0]["state"]["running"]["startedAt"]
+        finally:
+            await delete_namespace(client, ns)
+
+
+async def test_offline_native_nodes_are_ready_and_run_plain_pods(lab: Lab) -> None:
+    expected = lab.state.clusters["offline"].nodes
+    if not expected:
+        pytest.skip("this lab has no offline nodes; start it with `python -m e2e up --offline-nodes 4`")
+    native = {lab_nodes.CAPACITY_LABEL: lab_nodes.NATIVE_CAPACITY}
+    names = [f"offline-node-{i:03d}" for i in range(expected)]
+    async with lab.client("offline") as client:
+
+        async def ready_and_untainted() -> list[dict[str, Any]] | None:
+            selector = f"{lab_nodes.CAPACITY_LABEL}={lab_nodes.NATIVE_CAPACITY}"
+            items = (await client.list("/api/v1/nodes", params={"labelSelector": selector}))["items"]
+            ok = [
+                n
+                for n in items
+                if not n["spec"].get("taints")
+                and any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+            ]
+            return items if len(ok) == expected else None
+
+        found = await eventually(ready_and_untainted, timeout=60, what=f"{expected} Ready offline native nodes")
+        assert sorted(n["metadata"]["name"] for n in found) == names
+        ns = await make_namespace(client, f"native-{uuid.uuid4().hex[:6]}")
+        try:
+            body = pod("plain", requests={"cpu": "2", "memory": "1Gi", GPU: "1"}, spec={"nodeSelector": native})
+            await client.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+            async def running() -> dict[str, Any] | None:
+                items = await pods(client, ns)
+                return next((p for p in items if p["status"].get("phase") == "Running"), None)
+
+            placed = await eventually(running, timeout=60, what="a plain pod running on an offline native node")
+            assert placed["spec"]["nodeName"] in names
+            assert placed["status"]["hostIP"].startswith("127.100.")
+            assert placed["status"]["podIP"].startswith("10.100.")
+            assert placed["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
         finally:
             await delete_namespace(client, ns)
 

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
 from federation import forge
 from tests.e2e.helpers import eventually, make_namespace, pods
-from tests.e2e.test_dispatch import cleanup
+from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import UNREACHABLE_GRACE, federation_vk
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import ApiError, KubeClient
@@ -31,12 +30,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 OUTAGE = 45.0
 CONDITION = "vkprovider.io/MemberReachable"
 SLACK = 10.0  # the provider's health probe, publish tick and status write, on a busy 2-core machine
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def offline(lab: Lab) -> Any:
-    async with lab.client("offline") as client:
-        yield client
 
 
 def plain_pod(name: str, node: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -147,10 +140,7 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
             "member pods were re-created, duplicated or not deleted"
         )
     finally:
-        try:
-            await cleanup(lab, offline, ns)
-        finally:
-            proc.ensure_stopped()
+        await cleanup_and_stop(lab, offline, ns, proc)
 
 
 async def lost_pods_leave_no_orphans(lab: Lab, offline: KubeClient, workdir: Path) -> None:
@@ -222,10 +212,7 @@ async def lost_pods_leave_no_orphans(lab: Lab, offline: KubeClient, workdir: Pat
         for item in await pods(offline, ns):
             assert item["status"]["phase"] == "Failed"  # never brought back to life
     finally:
-        try:
-            await cleanup(lab, offline, ns)
-        finally:
-            proc.ensure_stopped()
+        await cleanup_and_stop(lab, offline, ns, proc)
 
 
 async def test_member_outages_fail_nothing_before_pods_lost_after_and_leave_no_orphans_after_it(
@@ -280,10 +267,7 @@ async def test_a_member_pod_whose_front_end_pod_went_while_the_provider_was_down
                 await member.delete(f"/api/v1/namespaces/{ns}/pods/bystander", body={"gracePeriodSeconds": 0})
             except ApiError:
                 pass
-        try:
-            await cleanup(lab, offline, ns)
-        finally:
-            proc.ensure_stopped()
+        await cleanup_and_stop(lab, offline, ns, proc)
 
 
 async def test_a_front_end_outage_loses_no_status_change(lab: Lab, tmp_path: Path) -> None:
@@ -336,8 +320,5 @@ async def test_a_front_end_outage_loses_no_status_change(lab: Lab, tmp_path: Pat
         assert len(early) < 10, "the pods started before the outage: the test shows nothing"
         assert await all_in_members() == before
     finally:
-        try:
-            async with lab.client("offline") as offline:
-                await cleanup(lab, offline, ns)
-        finally:
-            proc.ensure_stopped()
+        async with lab.client("offline") as offline:
+            await cleanup_and_stop(lab, offline, ns, proc)

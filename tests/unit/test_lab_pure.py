@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from e2e import components, nodes, online, ports
-from e2e.lab import LabSpec
+from e2e import cli, components, nodes, online, ports
+from e2e import lab as lab_mod
+from e2e.lab import LabError, LabSpec
+from e2e.state import ClusterState
 
 
 def test_port_plan_is_a_dense_block() -> None:
@@ -23,6 +25,53 @@ def test_cluster_names_and_default_profiles() -> None:
     assert spec.cluster_names() == ["offline", "member-1", "member-2", "member-3", "member-4"]
     assert [spec.profile_of(i) for i in range(1, 5)] == ["cpu", "gpu-v100", "gpu-t4", "cpu"]
     assert LabSpec(members=2, profiles=("gpu-t4",)).profile_of(2) == "gpu-t4"
+
+
+def test_offline_cluster_has_no_nodes_by_default() -> None:
+    spec = LabSpec()
+    assert spec.offline_nodes == 0 and spec.offline_profile == "gpu-v100"
+    spec.validate()
+    LabSpec(offline_nodes=4, offline_profile="cpu").validate()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (LabSpec(offline_nodes=-1), "--offline-nodes must not be negative"),
+        (LabSpec(offline_nodes=2, offline_profile="gpu-a100"), "unknown node profile 'gpu-a100'"),
+        (LabSpec(members=-1), "--members and --nodes-per-member must not be negative"),
+        (LabSpec(profiles=("cpu", "tpu")), "unknown node profile 'tpu'"),
+    ],
+)
+def test_spec_validation_names_the_bad_input(spec: LabSpec, message: str) -> None:
+    with pytest.raises(LabError, match=message):
+        spec.validate()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--offline-nodes", "-2"], "error: --offline-nodes must not be negative"),
+        (["--offline-nodes", "3", "--offline-profile", "nope"], "error: unknown node profile 'nope'; known: cpu,"),
+    ],
+)
+def test_up_refuses_bad_offline_flags_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    state = tmp_path / "lab"
+    assert cli.main(["up", *flags, "--state", str(state)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not state.exists()  # refused before anything was written or started
+
+
+def test_only_clusters_with_nodes_or_members_run_kwok() -> None:
+    def cluster(role: str, count: int) -> ClusterState:
+        return ClusterState(name=role, role=role, apiserver_port=1, nodes=count)
+
+    assert not lab_mod._runs_kwok(cluster("offline", 0))  # the default lab stays as fast as before
+    assert lab_mod._runs_kwok(cluster("offline", 4))
+    assert lab_mod._runs_kwok(cluster("member", 0)) and lab_mod._runs_kwok(cluster("member", 20))
 
 
 def test_apiserver_flags_enable_native_gang_and_loopback_advertise() -> None:
@@ -57,6 +106,24 @@ def test_nodes_share_network_pods_and_carry_gpu_labels() -> None:
     assert built[0]["metadata"]["labels"]["nvidia.com/gpu.product"] == "Tesla-T4"
     assert built[0]["metadata"]["annotations"][components.KWOK_NODE_ANNOTATION] == "fake"
     assert built[7]["status"]["addresses"][0]["address"].startswith("127.103.")
+
+
+def test_offline_native_nodes_take_the_first_address_block_and_the_capacity_label() -> None:
+    native = {nodes.CAPACITY_LABEL: nodes.NATIVE_CAPACITY}
+    profile = nodes.PROFILES["gpu-v100"]
+    built = [
+        nodes.build_node(cluster="offline", member_index=0, index=i, profile=profile, extra_labels=native)
+        for i in range(2)
+    ]
+    assert [n["metadata"]["name"] for n in built] == ["offline-node-000", "offline-node-001"]
+    assert built[1]["status"]["addresses"][0]["address"] == "127.100.0.2"
+    assert built[1]["spec"]["podCIDR"] == "10.100.1.0/24"
+    labels = built[0]["metadata"]["labels"]
+    assert labels["vkprovider.io/capacity"] == "native" and labels["type"] == "kwok"
+    assert built[0]["metadata"]["annotations"][components.KWOK_NODE_ANNOTATION] == "fake"
+    assert "taints" not in built[0]["spec"]
+    member = nodes.build_node(cluster="member-1", member_index=1, index=0, profile=profile)
+    assert nodes.CAPACITY_LABEL not in member["metadata"]["labels"]
 
 
 def test_numa_topology_splits_the_node() -> None:

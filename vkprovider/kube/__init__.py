@@ -23,6 +23,7 @@ from vkprovider.kube.errors import (
 )
 from vkprovider.kube.namespaces import ensure_namespace
 from vkprovider.kube.paths import resource_path
+from vkprovider.kube.upsert import create_or_replace
 
 __all__ = [
     "AlreadyExists",
@@ -41,6 +42,7 @@ __all__ = [
     "Unreachable",
     "WatchEvent",
     "WriteFence",
+    "create_or_replace",
     "ensure_namespace",
     "load_kubeconfig",
     "resource_path",
