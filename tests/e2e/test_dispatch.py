@@ -17,7 +17,7 @@ import pytest_asyncio
 from e2e.fixtures import Lab
 from federation import forge
 from federation.jobs import JobRef
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import MemberWatch, partial_spans
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess
@@ -422,7 +422,7 @@ async def test_config_maps_secrets_and_headless_services_follow_their_pods(
 async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    """kill -9 at 10 random moments while a 32-pod gang is dispatched. Every member is watched
+    """kill -9 at KILL_TRIALS (7) random moments while a 32-pod gang is dispatched. Every member is watched
     for the whole trial, so what happened in between counts, not only the end: no member holds
     part of the gang for longer than the gang timeout (plus the provider's restart), no member
     pod is deleted and created again, every member pod runs a live front-end pod (by UID), and
@@ -435,7 +435,7 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     await start_synced(proc)
     rng = random.Random(32)
     try:
-        for trial in range(10):
+        for trial in range(KILL_TRIALS):
             ns = await make_namespace(offline, f"kill{trial}-{uuid.uuid4().hex[:5]}")
             job = JobRef(ns, "native", "g32")
             watch = MemberWatch.for_job(lab, lab.members, forge.job_hash(job))

@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from e2e import audit
 from e2e.fixtures import Lab
-from tests.e2e.helpers import eventually
+from tests.e2e.helpers import KILL_TRIALS, eventually
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.reclaim_scene import PODGROUPS, Scene, front_pod, start_scene, stop_scene
 from vkprovider.kube import KubeClient
@@ -479,7 +479,7 @@ async def test_eviction_api_and_a_deleted_member_node_are_reported_with_their_re
 async def test_kill_9_during_reclaim_never_deletes_early_twice_or_too_much(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    """kill -9 of the provider at random moments of a reclaim, 10 trials. member-1 is watched
+    """kill -9 of the provider at random moments of a reclaim, KILL_TRIALS (7) trials. member-1 is watched
     for the whole trial and its audit log read after: no member pod is deleted before the
     deadline its notice named, none twice, no more than the deficit needs, and at the end every
     notice was carried out or withdrawn."""
@@ -490,7 +490,7 @@ async def test_kill_9_during_reclaim_never_deletes_early_twice_or_too_much(
     watch = MemberWatch(lab=lab, members=["member-1"], selector="vkprovider.io/managed=true", paths=(PODS,))
     await watch.start()
     try:
-        for trial in range(10):
+        for trial in range(KILL_TRIALS):
             await _kill_trial(scene, watch, trial, kill_after=rng.uniform(0.0, KILL_NOTICE + 4.0))
     finally:
         await watch.stop()

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 
 from e2e import audit, binaries, pki
 from e2e.fixtures import Lab
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pod, pods
+from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_namespace, pod, pods
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import AlreadyExists, KubeClient, NotFound
 
@@ -427,7 +427,7 @@ async def test_kill_9_during_a_burst_never_duplicates_leaks_or_loses(offline: Ku
     limit = asyncio.Semaphore(50)
     ns = await make_namespace(offline, f"kill-{uuid.uuid4().hex[:6]}")
     try:
-        for trial in range(10):
+        for trial in range(KILL_TRIALS):
             names = [f"t{trial}-p{i:03d}" for i in range(200)]
 
             burst = asyncio.gather(*(_create_limited(offline, ns, vk_pod(n, proc.node), limit) for n in names))

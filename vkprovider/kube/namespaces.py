@@ -2,6 +2,8 @@
 
 A namespace is not ready for pods when it exists: the ServiceAccount admission plugin refuses
 them until the controller manager has created the namespace's service account, moments later.
+That controller can lag by half a minute after its apiserver restarted (its watches back off),
+so a missing `default` account is created here after a short wait, as the controller would.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 
 from vkprovider.kube.client import KubeClient
 from vkprovider.kube.errors import AlreadyExists, NotFound
+
+DEFAULT_ACCOUNT_WAIT = 2.0  # seconds the controller manager gets to create `default` itself
 
 
 async def ensure_namespace(
@@ -29,12 +33,20 @@ async def ensure_namespace(
         body["metadata"]["labels"] = labels
     with contextlib.suppress(AlreadyExists):
         await client.create("/api/v1/namespaces", body)
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    created = False
     while True:
         try:
             await client.get(f"/api/v1/namespaces/{name}/serviceaccounts/{service_account}")
             return True
         except NotFound:
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - started
+            if waited > timeout:
                 return False
+            if service_account == "default" and waited > DEFAULT_ACCOUNT_WAIT and not created:
+                created = True
+                with contextlib.suppress(AlreadyExists):
+                    account = {"metadata": {"name": "default"}}
+                    await client.create(f"/api/v1/namespaces/{name}/serviceaccounts", account)
+                continue
         await asyncio.sleep(0.1)
