@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
-# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd and kwok from the
+# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok and helm from the
 # pinned modules under e2e/tools (minutes when cold, instant when cached).
 binaries: $(STAMP)
 	$(BIN)/python -m e2e build

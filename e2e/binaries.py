@@ -1,5 +1,6 @@
-"""Control-plane binaries, built from the pinned Go tools modules under `e2e/tools/` into a
-per-user cache keyed by what determines the build, so they are rebuilt only when a pin changes.
+"""Control-plane binaries (and helm, for the chart tests), built from the pinned Go tools modules
+under `e2e/tools/` into a per-user cache keyed by what determines the build, so they are rebuilt
+only when a pin changes.
 
 Never written inside the repository. The cache root is `$VKPROVIDER_CACHE_DIR`, else
 `$XDG_CACHE_HOME/vkprovider`, else `~/.cache/vkprovider`.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 TOOLS_DIR = Path(__file__).parent / "tools"
 
-#: Every binary the lab runs, and the tools module that builds it.
+#: Every binary the lab builds, and the tools module that builds it.
 BINARIES = {
     "etcd": "etcd",
     "kube-apiserver": "k8s",
@@ -28,7 +29,12 @@ BINARIES = {
     "kube-controller-manager": "k8s",
     "kubectl": "k8s",
     "kwok": "kwok",
+    "helm": "helm",
 }
+
+#: Built like the others for the tests (the chart tests' client), but never run by the lab, so a
+#: `--bin-dir` need not hold them.
+NOT_RUN_BY_LAB = frozenset({"helm"})
 
 
 class BinaryError(RuntimeError):
@@ -49,10 +55,14 @@ class ToolBuild:
         return TOOLS_DIR / self.module
 
     def version(self) -> str:
+        return self.required_version(self.main_module)
+
+    def required_version(self, module: str) -> str:
+        """The version of `module` that this tools module's go.mod requires."""
         gomod = (self.module_dir / "go.mod").read_text()
-        match = re.search(rf"^\s*(?:require\s+)?{re.escape(self.main_module)}\s+(v\S+)", gomod, re.MULTILINE)
+        match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", gomod, re.MULTILINE)
         if not match:
-            raise BinaryError(f"{self.module_dir}/go.mod does not require {self.main_module}")
+            raise BinaryError(f"{self.module_dir}/go.mod does not require {module}")
         return match.group(1)
 
 
@@ -65,6 +75,19 @@ def _k8s_ldflags(version: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def _helm_ldflags(version: str, client_go: str) -> tuple[str, ...]:
+    """As helm's own release build: its version, and the Kubernetes version `helm template` and
+    `helm lint` assume without a cluster, that of its client-go (v0.N.x is Kubernetes 1.N)."""
+    client_major, client_minor = client_go.lstrip("v").split(".")[:2]
+    k8s_major = str(int(client_major) + 1)
+    flags = ["-s", "-w"]
+    flags += [f"-X helm.sh/helm/v3/internal/version.version={version}", "-X helm.sh/helm/v3/internal/version.metadata="]
+    flags += ["-X helm.sh/helm/v3/internal/version.gitTreeState=clean"]
+    for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags += [f"-X {pkg}.k8sVersionMajor={k8s_major}", f"-X {pkg}.k8sVersionMinor={client_minor}"]
+    return tuple(flags)
+
+
 def tool_builds() -> dict[str, ToolBuild]:
     k8s = ToolBuild(
         module="k8s",
@@ -74,6 +97,7 @@ def tool_builds() -> dict[str, ToolBuild]:
     k8s = ToolBuild(
         module=k8s.module, main_module=k8s.main_module, packages=k8s.packages, ldflags=_k8s_ldflags(k8s.version())
     )
+    helm = ToolBuild(module="helm", main_module="helm.sh/helm/v3", packages={"helm": "helm.sh/helm/v3/cmd/helm"})
     return {
         "k8s": k8s,
         "etcd": ToolBuild(
@@ -87,6 +111,12 @@ def tool_builds() -> dict[str, ToolBuild]:
             main_module="sigs.k8s.io/kwok",
             packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
             ldflags=("-s", "-w"),
+        ),
+        "helm": ToolBuild(
+            module="helm",
+            main_module=helm.main_module,
+            packages=helm.packages,
+            ldflags=_helm_ldflags(helm.version(), helm.required_version("k8s.io/client-go")),
         ),
     }
 
@@ -153,15 +183,15 @@ def ensure_built(build: ToolBuild, *, go_version: str | None = None) -> Path:
 
 
 def ensure_all() -> dict[str, Path]:
-    """Paths of every binary the lab needs, building what is missing."""
+    """Paths of every binary the lab builds (`BINARIES`), building what is missing."""
     go_version = _go_version()
     dirs = {module: ensure_built(build, go_version=go_version) for module, build in tool_builds().items()}
     return {name: dirs[module] / name for name, module in BINARIES.items()}
 
 
 def from_dir(bin_dir: Path) -> dict[str, Path]:
-    """Binaries taken from one directory (`--bin-dir`), checked to exist and be executable."""
-    paths = {name: bin_dir / name for name in BINARIES}
+    """The lab's binaries taken from one directory (`--bin-dir`), checked to exist and be executable."""
+    paths = {name: bin_dir / name for name in BINARIES if name not in NOT_RUN_BY_LAB}
     for name, path in paths.items():
         if not path.is_file():
             raise BinaryError(f"binary {name} not found at {path}")

@@ -59,8 +59,9 @@ class LabState:
 
     @property
     def marker(self) -> str:
-        """A string on the command line of every lab process (paths under the state or data dir)."""
-        return self.lab_id
+        """A string on the command line of every lab process (paths under the state or data dir).
+        It ends with "/": the lab in /tmp/lab must not take /tmp/lab-2's processes for its own."""
+        return self.lab_id.rstrip("/") + "/"
 
     def kubeconfig(self, cluster: str) -> Path:
         return self.root / "kubeconfig" / f"{cluster}.yaml"

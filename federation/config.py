@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from federation import labels, quantities
 from federation.capacity import CapacityPolicy, TimeWindow
+from federation.podsecurity import DEFAULT as DEFAULT_POD_SECURITY
+from federation.podsecurity import Level
 
 
 class _Model(BaseModel):
@@ -98,6 +100,13 @@ class MemberConfig(_Model):
     scheduler_name: str = Field("default-scheduler", description="schedulerName of pods created there.")
     service_account: str = Field("default", description="Service account our pods use in the member.")
     reclaim: ReclaimConfig = Field(default_factory=ReclaimConfig)
+    pod_security: Level = Field(
+        DEFAULT_POD_SECURITY,
+        alias="podSecurity",
+        description="Pod Security Standards level our pods must meet there: restricted, baseline or privileged. "
+        "Checked before a pod is sent (a pod no member admits ends Failed, reason ForbiddenByMemberPolicy) "
+        "and set as the Pod Security Admission labels (enforce, warn, audit) of our member namespaces.",
+    )
 
 
 class RoutingConfig(_Model):

@@ -11,6 +11,10 @@
   member has not bound the gang within the timeout, the member gang is deleted, the job
   unpinned and the next candidate tried; with none left the pods end Failed with reason
   GangTimeout.
+- Pod security: a job goes only to a member whose level admits all its pods
+  (federation.podsecurity), checked before anything reaches the member; a pod its job's member
+  (or, before the job is placed, every member) refuses ends Failed with ForbiddenByMemberPolicy
+  (ProviderInvalid). Member namespaces carry their member's Pod Security Admission labels.
 - Our member pods are watched (by label) and their status reported back to the runtime.
 State is rebuilt from the front-end pods and the member pods after a restart.
 """
@@ -27,7 +31,7 @@ from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import bands, disruption, forge, hybrid, outages, placement, reflect
+from federation import bands, disruption, forge, hybrid, outages, placement, podsecurity, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import (
@@ -53,7 +57,7 @@ from vkprovider.kube import (
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status
-from vkprovider.provider import ProviderError
+from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
 RECLAIM_AT = disruption.RECLAIM_AT
@@ -124,7 +128,8 @@ class MemberPods:
         self.failing = False
         self._on_listed = on_listed
         self.client: KubeClient | None = None
-        self.namespaces: set[str] = set()
+        #: Namespaces ready for our pods, with the pod-security level their labels carry.
+        self.namespaces: dict[str, str] = {}
         self._log = logs.get("member-pods", cluster=name)
 
     @staticmethod
@@ -341,22 +346,29 @@ class Dispatcher:
     # -- member-side writes ----------------------------------------------------------------------
 
     async def _ensure_member_basics(self, member: str, client: KubeClient, namespace: str) -> None:
+        config = self._members()[member].config
+        level = config.pod_security
         pods = self.pods_in(member)
-        if pods is not None and namespace in pods.namespaces:
+        if pods is not None and pods.namespaces.get(namespace) == level:
             return
         if member not in self._priority_classes:
-            reclaim = self._members()[member].config.reclaim
+            reclaim = config.reclaim
             for body in bands.priority_classes(
                 threshold=reclaim.online_threshold, offline_preemption=reclaim.offline_preemption
             ):
                 with contextlib.suppress(AlreadyExists):
                     await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
             self._priority_classes.add(member)
-        account = self._members()[member].config.service_account
-        if not await ensure_namespace(client, namespace, labels={forge.MANAGED: "true"}, service_account=account):
+        account = config.service_account
+        # Ours from before (or labelled for another level) are relabelled; a namespace someone
+        # else made in the member keeps its own labels.
+        labels = {forge.MANAGED: "true", **podsecurity.namespace_labels(level)}
+        if not await ensure_namespace(
+            client, namespace, labels=labels, owned_by=forge.MANAGED, service_account=account
+        ):
             raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
         if pods is not None:
-            pods.namespaces.add(namespace)
+            pods.namespaces[namespace] = level
 
     async def _create_member_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool = True) -> None:
         entry = self._members()[member]
@@ -364,6 +376,15 @@ class Dispatcher:
         if pods.client is None:
             raise ProviderError(f"member {member} is not connected")
         config = entry.config
+        refused = podsecurity.check(pod, config.pod_security)
+        if refused:
+            # `create` checked the pod against this member, and placement skips members that
+            # refuse a job's pods: only a level changed since gets here. Its own sync fails it.
+            self._notify(pod_key(pod))
+            raise ProviderError(
+                f"pod security of member {member} ({config.pod_security}) now forbids {pod_key(pod)}: "
+                f"{podsecurity.describe(refused)}"
+            )
         body = forge.to_member(
             pod,
             job=job.ref,
@@ -610,6 +631,11 @@ class Dispatcher:
                 job.failed = "MemberRemoved"
                 self._notify_job(job)
                 return
+            refusal = self._refusal(pod, pinned)
+            if refusal is not None:
+                self._forget_pod(job, key)
+                self._log.warning("pod refused by member pod security", pod=key, member=pinned or "any")
+                raise ProviderInvalid(refusal, reason=podsecurity.REASON)
             if pinned and job.dispatched_at is not None:
                 # An elastic pod beyond the gang's minimum (or a plain job's next pod): it goes
                 # to the job's member on its own, as capacity allows.
@@ -642,6 +668,45 @@ class Dispatcher:
             if job.ready_at is None:
                 job.ready_at = time.monotonic()
             await self._dispatch(job)
+
+    def _refusal(self, pod: Pod, pinned: str | None) -> str | None:
+        """Why the pod may go nowhere (its job's member, else any member not being drained)
+        by pod security; None when some member's level admits it."""
+        members = self._members()
+        names = [pinned] if pinned else sorted(n for n in members if not self._draining(n))
+        levels = {n: members[n].config.pod_security for n in names if n in members}
+        if not levels:
+            return None
+        needs = podsecurity.needed(pod)
+        if any(podsecurity.admits(level, needs) for level in levels.values()):
+            return None
+        if pinned:
+            found = podsecurity.describe(podsecurity.check(pod, levels[pinned]))
+            return f"pod security of member {pinned} ({levels[pinned]}), where its job runs, forbids {found}"
+        parts = []
+        for level in podsecurity.LEVELS:
+            at = [n for n, lv in levels.items() if lv == level]
+            if at:
+                verb = "forbids" if len(at) == 1 else "forbid"
+                parts.append(f"{', '.join(at)} ({level}) {verb} {podsecurity.describe(podsecurity.check(pod, level))}")
+        return f"no member's pod security admits the pod: {'; '.join(parts)}"
+
+    def _refusing(self, job: Job) -> set[str]:
+        """Members whose pod-security level refuses some pod of the job (placement skips them)."""
+        levels = {n: m.config.pod_security for n, m in self._members().items()}
+        if all(level == "privileged" for level in levels.values()):
+            return set()
+        needs = {podsecurity.needed(p) for p in job.pods.values()}
+        return {n for n, level in levels.items() if not all(podsecurity.admits(level, x) for x in needs)}
+
+    def _forget_pod(self, job: Job, key: str) -> None:
+        """A pod that will not be dispatched: out of its job, and the job gone if it was its last."""
+        job.pods.pop(key, None)
+        self.job_of_pod.pop(key, None)
+        if not job.pods and self.jobs.get(job.ref.key) is job:
+            if job.timer is not None:
+                job.timer.cancel()
+            del self.jobs[job.ref.key]
 
     def _known_pods(self, job: Job, member: str) -> int:
         """Pods of the job bound here or already in the member (after a restart, pods that
@@ -698,7 +763,8 @@ class Dispatcher:
         weights = {n: m.config.weight for n, m in self._members().items()}
         capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
         wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(core))
-        found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=job.excluded)
+        excluded = job.excluded | self._refusing(job)
+        found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=excluded)
         if not found:
             if not job.gang.is_gang:
                 raise ProviderError("no member cluster can host this pod now")
@@ -710,7 +776,7 @@ class Dispatcher:
         job.member, job.place = choice.member, choice
         job.member_min = split.member_min if job.gang.is_gang else None
         core = list(split.core)
-        job.core = set(core) if job.member_gang.is_gang else set()
+        job.core = set(core)  # the elastic rest follow below, each once
         job.role = forge.gang_role([role_of(job.pods[k]) for k in core or job.pods])  # type: ignore[arg-type]
         self._log.info(
             "dispatching job",

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import yaml
 from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, outages, quantities
+from federation import capacity, forge, outages, podsecurity, quantities, routing
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig
@@ -36,7 +36,7 @@ from federation.webhook import RoutingWebhook
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
-from vkprovider.kube.access import parse_kubeconfig
+from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
 from vkprovider.provider import NodeStatus, PodChanged, ProviderError, ProviderNotFound
 from vkprovider.settings import SettingsError
@@ -104,6 +104,64 @@ class DirectSource:
         await self.watcher.run()
 
 
+class UnusableSource:
+    """A member whose kubeconfig cannot be used (unreadable, unknown context, no such user): it
+    lends nothing, says why as its last error (and is unreachable once the grace has passed),
+    and reads the kubeconfig again now and then, handing the member over when it works."""
+
+    def __init__(
+        self,
+        config: MemberConfig,
+        error: str,
+        *,
+        load: Callable[[], ClusterAccess],
+        usable: Callable[[ClusterAccess], None],
+        retry_interval: float,
+    ) -> None:
+        self.name = config.name
+        self._error = error
+        self._load = load
+        self._usable = usable
+        self._retry_interval = retry_interval
+        self._synced = asyncio.Event()  # never set: nothing is known of the member
+        self._inventory = Inventory(network_pod_label=config.network_pod_label)
+        self._started = time.monotonic()
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self._synced
+
+    def unreachable_for(self) -> float:
+        return time.monotonic() - self._started
+
+    @property
+    def last_error(self) -> str | None:
+        return self._error
+
+    @property
+    def last_contact_wall(self) -> float | None:
+        return None
+
+    @property
+    def inventory(self) -> Inventory:
+        return self._inventory
+
+    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
+        return capacity.Summarizer(self.name).summarize(self._inventory, policy)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._retry_interval)
+            try:
+                access = self._load()
+            except KubeconfigError as exc:
+                self._error = str(exc)
+                continue
+            # Not from inside this task: handing over replaces the member, and cancels us.
+            asyncio.get_running_loop().call_soon(self._usable, access)
+            return
+
+
 @dataclass
 class Member:
     config: MemberConfig
@@ -161,6 +219,7 @@ def member_from_object(obj: dict[str, Any]) -> MemberConfig:
         gang_api=spec.get("gangApi", "native"),
         scheduler_name=spec.get("schedulerName", "default-scheduler"),
         reclaim=ReclaimConfig.model_validate(spec.get("reclaim") or {}),
+        pod_security=spec.get("podSecurity", podsecurity.DEFAULT),
     )
 
 
@@ -206,6 +265,8 @@ class FederationProvider:
         self._outage_news: list[tuple[Member, outages.Outage]] = []
         #: Set once the configured members are added and MemberCluster objects listed.
         self.started = asyncio.Event()
+        #: How often the kubeconfig of a member that could not use it is read again.
+        self.kubeconfig_retry = 30.0
         self._log = logs.get("federation", node=node_name)
 
     # -- members ---------------------------------------------------------------------------------
@@ -221,6 +282,44 @@ class FederationProvider:
 
     def _changed(self) -> None:
         self._dirty.set()
+
+    def add_configured_member(self, config: MemberConfig) -> None:
+        """A member of the settings. A kubeconfig that cannot be used makes that member's error
+        (logged, shown by `vkprovider status`, the member unreachable), not the process's."""
+        if config.kubeconfig is None:
+            self.add_member(config, None)
+            return
+        path = config.kubeconfig
+
+        def load() -> ClusterAccess:
+            return load_kubeconfig(path, name=f"member {config.name}")
+
+        try:
+            access = load()
+        except KubeconfigError as exc:
+            self._log.error("member kubeconfig cannot be used", cluster=config.name, error=str(exc))
+            self.remove_member(config.name, quiet=True)
+            source = UnusableSource(
+                config,
+                str(exc),
+                load=load,
+                usable=lambda a: self._now_usable(config, a),
+                retry_interval=self.kubeconfig_retry,
+            )
+            member = Member(config=config, source=source)
+            self.members[config.name] = member
+            member.task = asyncio.get_running_loop().create_task(source.run(), name=f"federation/member/{config.name}")
+            self._node_set_changed()
+            self._changed()
+            return
+        self.add_member(config, access)
+
+    def _now_usable(self, config: MemberConfig, access: ClusterAccess) -> None:
+        current = self.members.get(config.name)
+        if current is None or not isinstance(current.source, UnusableSource) or current.config != config:
+            return  # removed or replaced meanwhile
+        self._log.info("member kubeconfig usable again", cluster=config.name)
+        self.add_member(config, access)
 
     def add_member(self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False) -> None:
         """Start (or restart with new settings) one member."""
@@ -316,6 +415,7 @@ class FederationProvider:
         for name in capacity.TRACKED:
             total.setdefault(name, 0)
         node_labels = {f"{GPU_LABEL_PREFIX}{model}": "true" for model in sorted(models)}
+        node_labels[routing.INSTANCE_KEY] = self.node_name  # what the routing webhook selects
         if self.config.virtual_nodes == "per-member" and members:
             node_labels[MEMBER_LABEL] = members[0].name
             if len(models) == 1:
@@ -456,13 +556,7 @@ class FederationProvider:
 
     async def _access_from_secret(self, obj: dict[str, Any]) -> ClusterAccess:
         assert self._client is not None
-        ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
-        secret = await self._client.get(f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}")
-        raw = (secret.get("data") or {}).get(ref.get("key") or "kubeconfig")
-        if not raw:
-            raise ProviderError(f"secret {ref.get('namespace')}/{ref.get('name')} has no key {ref.get('key')}")
-        doc = yaml.safe_load(base64.b64decode(raw))
-        return parse_kubeconfig(doc, base=Path("/"))
+        return await access_from_secret(self._client, obj)
 
     async def _apply_object(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -490,7 +584,8 @@ class FederationProvider:
             and config.enabled
             and (existing.draining or existing.config.enabled)
         ):
-            # Capacity, weights, reclaim settings: applied in place, watches and notices kept.
+            # Capacity, weights, reclaim settings, pod security: applied in place, watches and
+            # notices kept (member namespaces are relabelled before the next pod goes there).
             existing.config = config
             existing.draining = existing.removed = False
             self._node_set_changed()
@@ -585,8 +680,7 @@ class FederationProvider:
         self.orphans.front = client
         self.orphans.events = self.dispatcher.events
         for member in self.config.members:
-            access = load_kubeconfig(member.kubeconfig) if member.kubeconfig else None
-            self.add_member(member, access)
+            self.add_configured_member(member)
         tasks = [
             asyncio.create_task(self._publish_loop(), name="federation/publish"),
             asyncio.create_task(self.dispatcher.run(), name="federation/reflected-gc"),
@@ -728,6 +822,26 @@ class FederationProvider:
                 uid = (member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")
                 out.append({"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}})
         return out
+
+
+async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterAccess:
+    """How to reach the member a MemberCluster object declares: the kubeconfig in the Secret it
+    names. KubeconfigError (a ValueError) names the member and says why it cannot be used."""
+    ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
+    secret = await front.get(f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}")
+    key = ref.get("key") or "kubeconfig"
+    raw = (secret.get("data") or {}).get(key)
+    who = f"member {obj['metadata']['name']}"
+    if not raw:
+        raise KubeconfigError(f"{who}: secret {ref.get('namespace')}/{ref.get('name')} has no key {key}")
+    try:
+        doc = yaml.safe_load(base64.b64decode(raw))
+    except (ValueError, yaml.YAMLError) as exc:
+        raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig: {exc}") from None
+    if not isinstance(doc, dict):
+        raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig")
+    # Files and exec commands named by a kubeconfig from a Secret are this process's.
+    return parse_kubeconfig(doc, base=Path("/"), name=who)
 
 
 def _same_connection(a: MemberConfig, b: MemberConfig) -> bool:

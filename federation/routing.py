@@ -9,10 +9,11 @@ policy). Two policies, the two usages of the design we implement:
 | hybrid ("native floor, elastic acceleration") | native nodes only | virtual nodes preferred (tolerated) |
 | elastic ("elastic only") | virtual nodes only | virtual nodes only |
 
-"Native nodes only" is a required node affinity `type NotIn [virtual-kubelet]`; "virtual nodes
-preferred" a toleration of the virtual node's taint plus a preferred affinity (weight 100) for
-`type=virtual-kubelet`, so elastic workers still run natively when no capacity is lent; "only" a
-toleration and a required affinity. The pod's own constraints are kept: our expression is added
+"Native nodes only" is a required node affinity `type NotIn [virtual-kubelet]`; "virtual nodes"
+are this provider's own (label `vkprovider.io/instance`, not any virtual kubelet's, nor a
+stopped provider's that still shows Ready): "preferred" is a toleration of their taint plus a
+preferred affinity (weight 100), so elastic workers still run natively when no capacity is lent;
+"only" a toleration and a required affinity. The pod's own constraints are kept: our expression is added
 to each of its required terms (AND). A pod's band is its `vkprovider.io/role` label or its
 priority (federation.bands), which the apiserver resolves before mutating webhooks run.
 
@@ -38,7 +39,7 @@ VIRTUAL = "virtual-kubelet"
 TAINT_KEY = "virtual-kubelet.io/provider"
 
 TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-ON_VIRTUAL = {"key": NODE_TYPE_KEY, "operator": "In", "values": [VIRTUAL]}
+INSTANCE_KEY = "vkprovider.io/instance"
 OFF_VIRTUAL = {"key": NODE_TYPE_KEY, "operator": "NotIn", "values": [VIRTUAL]}
 
 
@@ -49,12 +50,17 @@ def policy_of(pod: dict[str, Any], namespace_policy: str | None) -> str | None:
     return chosen if chosen in POLICIES else None
 
 
-def placement(policy: str, band: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+def on_virtual(instance: str) -> dict[str, Any]:
+    """The node affinity expression for this provider's virtual nodes."""
+    return {"key": INSTANCE_KEY, "operator": "In", "values": [instance]}
+
+
+def placement(policy: str, band: str, instance: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
     """(required expression, preferred expression, tolerate the virtual nodes) for a band."""
     if policy == ELASTIC:
-        return ON_VIRTUAL, None, True
+        return on_virtual(instance), None, True
     if band == bands.WORKER_MAX:
-        return None, ON_VIRTUAL, True
+        return None, on_virtual(instance), True
     return OFF_VIRTUAL, None, False
 
 
@@ -78,10 +84,10 @@ def _prefer(spec: dict[str, Any], expression: dict[str, Any]) -> None:
         preferred.append(wanted)
 
 
-def route(pod: dict[str, Any], policy: str) -> list[dict[str, Any]]:
+def route(pod: dict[str, Any], policy: str, instance: str) -> list[dict[str, Any]]:
     """JSON Patch operations that route the pod under `policy`; [] when nothing changes."""
     band = bands.band_of(pod)
-    required, preferred, tolerate = placement(policy, band)
+    required, preferred, tolerate = placement(policy, band, instance)
     spec = copy.deepcopy(pod.get("spec") or {})
     before_affinity = copy.deepcopy(spec.get("affinity"))
     before_tolerations = copy.deepcopy(spec.get("tolerations"))

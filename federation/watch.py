@@ -116,7 +116,7 @@ class MemberWatcher:
                 await self.client.get("/readyz", params={"verbose": "false"})
                 self._contact()
             except ApiError as exc:
-                self.last_error = f"health: {exc.reason}"
+                self.last_error = f"health: {exc.reason}: {exc.message[:200]}"
             self._on_change()
             await asyncio.sleep(self._health_interval)
 

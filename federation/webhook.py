@@ -79,12 +79,12 @@ def certificates(hosts: list[str], *, days: int = 3650) -> tuple[bytes, bytes, b
     return ca.public_bytes(serialization.Encoding.PEM), leaf.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def review(policy: str, body: dict[str, Any]) -> dict[str, Any]:
+def review(policy: str, body: dict[str, Any], instance: str) -> dict[str, Any]:
     """The AdmissionReview answer for a pod sent to /route/{policy} (pure; never refuses)."""
     request = body.get("request") or {}
     pod = request.get("object") or {}
     chosen = routing.policy_of(pod, None) if policy == "pod" else (policy if policy in routing.POLICIES else None)
-    ops = routing.route(pod, chosen) if chosen and request.get("kind", {}).get("kind", "Pod") == "Pod" else []
+    ops = routing.route(pod, chosen, instance) if chosen and request.get("kind", {}).get("kind", "Pod") == "Pod" else []
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     if ops:
         response["patchType"] = "JSONPatch"
@@ -96,6 +96,7 @@ class RoutingWebhook:
     def __init__(self, config: RoutingConfig, *, name: str) -> None:
         self.config = config
         self.name = config.configuration_name or f"vkprovider-routing-{name}"
+        self.instance = name  # the provider's node name: its virtual nodes carry it
         self.reviews = 0
         self._log = logs.get("routing")
 
@@ -109,7 +110,7 @@ class RoutingWebhook:
         except (ValueError, UnicodeDecodeError):
             return web.Response(status=400, text="an AdmissionReview (JSON) is expected\n")
         self.reviews += 1
-        answer = review(request.match_info["policy"], body if isinstance(body, dict) else {})
+        answer = review(request.match_info["policy"], body if isinstance(body, dict) else {}, self.instance)
         return web.json_response(answer)
 
     async def _register(self, client: KubeClient, ca_pem: bytes) -> None:

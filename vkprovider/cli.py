@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import signal
 import sys
 from pathlib import Path
@@ -30,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--node-name", help="name of the virtual node (node.name)")
     run.add_argument("--kubeconfig", type=Path, help="kubeconfig of the front-end cluster (kube.kubeconfig)")
     run.add_argument("--port", type=int, help="port of the kubelet API (http.port)")
+    drain = sub.add_parser(
+        "drain", help="take the provider out of every member (checkpoint notices first), then remove its nodes"
+    )
+    drain.add_argument("--config", type=Path, help="YAML settings file (the provider's)")
+    drain.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting")
+    drain.add_argument("--deployment", help="NAMESPACE/NAME of the provider's Deployment, scaled to zero before")
+    drain.add_argument("--timeout", type=float, default=900.0, help="seconds the whole drain may take")
     status = sub.add_parser("status", help="print capacity, use and health of members and virtual nodes")
     status.add_argument("--url", default="http://127.0.0.1:10255", help="the provider's plain HTTP port")
     return parser
@@ -52,10 +60,32 @@ def _tune_gc() -> None:
     gc.freeze()
 
 
+#: Commands a provider adds (settings.provider.type -> command -> "module:function"), found by
+#: name like the providers themselves: the runtime does not import the packages above it.
+PROVIDER_COMMANDS = {"federation": {"drain": "federation.drain:main"}}
+
+
+def _drain(args: argparse.Namespace) -> int:
+    try:
+        settings = load(config=args.config, overrides=args.set)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    target = PROVIDER_COMMANDS.get(settings.provider.type, {}).get("drain")
+    if target is None:
+        print(f"error: provider {settings.provider.type!r} has nothing to drain", file=sys.stderr)
+        return 2
+    module_name, _, function = target.partition(":")
+    command = getattr(importlib.import_module(module_name), function)
+    return int(command(settings, deployment=args.deployment, timeout=args.timeout))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
         return status.main(args.url)
+    if args.command == "drain":
+        return _drain(args)
     try:
         settings = load(
             config=args.config,

@@ -7,7 +7,9 @@ writer of pod status. Rules it keeps:
 - A pod the runtime has reported started (status.startTime) and the provider no longer has was
   lost: it ends Failed with reason ProviderPodLost. Pods are never re-created silently.
 - A create the provider refuses leaves the pod Pending (Failed when restartPolicy is Never)
-  with reason ProviderFailed and a Warning Event, and is retried with backoff.
+  with reason ProviderFailed and a Warning Event, and is retried with backoff; one it refuses
+  as invalid (ProviderInvalid) ends Failed at once, with the provider's reason if it names one,
+  and a Warning Event, and is not retried.
 - Deletion: on deletionTimestamp the provider deletes; the API object goes (grace 0, UID
   precondition) once the provider reports it gone or the grace period has passed.
 - Start-up clean-up deletes only provider pods the provider says this instance owns and that
@@ -327,9 +329,10 @@ class PodController:
         try:
             await self._provider.create_pod(pod)
         except ProviderInvalid as exc:
-            failed = podstatus.failed_status(pod, reason="ProviderFailed", message=str(exc), exit_code=1)
+            reason = exc.reason or "ProviderFailed"
+            failed = podstatus.failed_status(pod, reason=reason, message=str(exc), exit_code=1)
             await self._write_status(pod, failed)
-            await self._events.emit(pod, reason="ProviderCreateFailed", message=str(exc), warning=True)
+            await self._events.emit(pod, reason=exc.reason or "ProviderCreateFailed", message=str(exc), warning=True)
             return False
         except ProviderError as exc:
             status = podstatus.provider_failed_status(pod, str(exc))

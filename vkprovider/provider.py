@@ -5,7 +5,8 @@ push, node status, logs and stats are optional and detected at start-up. Every m
 called again after a restart with the same pod (same UID) and must be idempotent.
 
 Errors a provider raises: `ProviderNotFound` (the pod is not there: a delete treats it as done),
-`ProviderInvalid` (this pod can never be created as it is), anything else (transient: retried).
+`ProviderInvalid` (this pod can never be created as it is: it ends Failed, with the provider's
+reason if it names one), anything else (transient: retried).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ class ProviderNotFound(ProviderError):
 
 
 class ProviderInvalid(ProviderError):
-    """The pod cannot be run as specified; retrying will not help."""
+    """The pod cannot be run as specified; retrying will not help. `reason` (a CamelCase word)
+    becomes the Failed pod's reason and its Event's; without it they are ProviderFailed and
+    ProviderCreateFailed."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @runtime_checkable

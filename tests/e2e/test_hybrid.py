@@ -103,7 +103,14 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
             return items if ok else None
 
         # Well inside the gang timeout (300 s): nothing waits for it.
-        items = await eventually(all_running, timeout=90, what="the floor and the 6 elastic workers running")
+        try:
+            items = await eventually(all_running, timeout=90, what="the floor and the 6 elastic workers running")
+        except AssertionError as exc:
+            states = {
+                n: (p["status"].get("phase"), p["spec"].get("nodeName"), p["status"].get("message"))
+                for n, p in (await by_name(offline, ns)).items()
+            }
+            raise AssertionError(f"{exc}; pods: {states}; provider: {proc.tail(8)}") from None
         for name in floor:
             assert items[name]["spec"]["nodeName"].startswith(NATIVE_PREFIX), items[name]["spec"]["nodeName"]
             assert items[name]["metadata"]["annotations"][routing.ROUTED].startswith("hybrid/")
@@ -163,11 +170,15 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
             assert set(reasons.values()) == {"Reclaimed"}, reasons
             for name in floor:
                 assert now[name]["status"]["phase"] == "Running", f"{name} lost: {now[name]['status']}"
-            listed = await offline.list(
-                f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "involvedObject.kind=PodGroup"}
-            )
-            told = {e["reason"] for e in listed["items"]}
-            assert "PodsReclaimed" in told, told
+
+            async def told() -> set[str] | None:  # the job's report comes with the reclaim round after
+                listed = await offline.list(
+                    f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "involvedObject.kind=PodGroup"}
+                )
+                reasons = {e["reason"] for e in listed["items"]}
+                return reasons if "PodsReclaimed" in reasons else None
+
+            await eventually(told, timeout=30, what="PodsReclaimed on the PodGroup")
         finally:
             await online.set_load(lab.kubeconfig(member), cpu_share=0, pod_cpu=90, name="hybrid")
 

@@ -14,6 +14,7 @@ from federation.jobs import JobRef
 from federation.webhook import review
 
 PS, MIN, MAX = "ps", "worker-min", "worker-max"
+VK = "vk-1"  # the provider's instance: its virtual nodes carry vkprovider.io/instance=vk-1
 
 
 @pytest.mark.parametrize(
@@ -111,14 +112,14 @@ def _terms(pod: dict[str, Any]) -> list[list[dict[str, Any]]]:
 
 def test_hybrid_keeps_the_floor_native_and_sends_elastic_workers_to_virtual_nodes() -> None:
     for pod in (_routed_pod(role=PS), _routed_pod(priority=1500), _routed_pod()):
-        routed = _apply(pod, routing.route(pod, routing.HYBRID))
+        routed = _apply(pod, routing.route(pod, routing.HYBRID, VK))
         assert _terms(routed) == [[routing.OFF_VIRTUAL]]
         assert not routed["spec"].get("tolerations")
     pod = _routed_pod(priority=500)
-    routed = _apply(pod, routing.route(pod, routing.HYBRID))
+    routed = _apply(pod, routing.route(pod, routing.HYBRID, VK))
     assert routing.TOLERATION in routed["spec"]["tolerations"]
     preferred = routed["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert preferred == [{"weight": 100, "preference": {"matchExpressions": [routing.ON_VIRTUAL]}}]
+    assert preferred == [{"weight": 100, "preference": {"matchExpressions": [routing.on_virtual(VK)]}}]
     assert _terms(routed) == []  # preferred, not required: it still runs natively when nothing is lent
     assert routed["metadata"]["annotations"][routing.ROUTED] == "hybrid/worker-max"
 
@@ -132,15 +133,15 @@ def test_elastic_sends_every_band_to_virtual_nodes_and_keeps_the_users_terms() -
         }
     }
     pod["metadata"]["annotations"] = {"keep": "me"}
-    routed = _apply(pod, routing.route(pod, routing.ELASTIC))
-    assert _terms(routed) == [[own, routing.ON_VIRTUAL]]
+    routed = _apply(pod, routing.route(pod, routing.ELASTIC, VK))
+    assert _terms(routed) == [[own, routing.on_virtual(VK)]]
     assert routed["metadata"]["annotations"] == {"keep": "me", routing.ROUTED: "elastic/ps"}
 
 
 def test_routing_is_idempotent() -> None:
     pod = _routed_pod(priority=500)
-    once = _apply(pod, routing.route(pod, routing.HYBRID))
-    assert routing.route(once, routing.HYBRID) == []
+    once = _apply(pod, routing.route(pod, routing.HYBRID, VK))
+    assert routing.route(once, routing.HYBRID, VK) == []
 
 
 @pytest.mark.parametrize(
@@ -154,13 +155,13 @@ def test_policy_of(label: str | None, namespace: str | None, expected: str | Non
 
 def test_review_answers_with_a_json_patch_and_never_refuses() -> None:
     pod = _routed_pod(priority=500)
-    answer = review("hybrid", {"request": {"uid": "u1", "kind": {"kind": "Pod"}, "object": pod}})
+    answer = review("hybrid", {"request": {"uid": "u1", "kind": {"kind": "Pod"}, "object": pod}}, VK)
     response = answer["response"]
     assert response["uid"] == "u1" and response["allowed"] is True and response["patchType"] == "JSONPatch"
     ops = json.loads(base64.b64decode(response["patch"]))
     assert _apply(pod, ops)["spec"]["tolerations"] == [routing.TOLERATION]
-    assert review("pod", {"request": {"uid": "u2", "object": pod}})["response"] == {"uid": "u2", "allowed": True}
-    assert review("hybrid", {})["response"]["allowed"] is True  # garbage in: the pod is let through
+    assert review("pod", {"request": {"uid": "u2", "object": pod}}, VK)["response"] == {"uid": "u2", "allowed": True}
+    assert review("hybrid", {}, VK)["response"]["allowed"] is True  # garbage in: the pod is let through
 
 
 def test_the_webhook_configuration_fails_open_and_selects_opted_in_pods_only() -> None:

@@ -70,6 +70,11 @@ def test_kubeconfig_token_and_missing_context() -> None:
         parse_kubeconfig(_kubeconfig({"token": "t"}), base=Path("/"), context="nope")
 
 
-def test_kubeconfig_exec_plugins_are_refused_clearly() -> None:
-    with pytest.raises(KubeconfigError, match="exec"):
+def test_kubeconfig_exec_plugins_are_used_and_malformed_ones_refused_clearly() -> None:
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws", "args": ["eks", "get-token"]}}
+    access = parse_kubeconfig(_kubeconfig(user), base=Path("/"))
+    assert access.stale() and access.bearer_token() is None  # the plugin runs at the first request
+    with pytest.raises(KubeconfigError, match=r"exec plugin in the kubeconfig: .*apiVersion"):
         parse_kubeconfig(_kubeconfig({"exec": {"command": "aws"}}), base=Path("/"))
+    with pytest.raises(KubeconfigError, match="auth-provider"):
+        parse_kubeconfig(_kubeconfig({"auth-provider": {"name": "oidc"}}), base=Path("/"))

@@ -161,3 +161,11 @@ def test_schedulable_cpu_skips_cordoned_and_not_ready_nodes() -> None:
         {"status": {"allocatable": {"cpu": "95"}, "conditions": [{"type": "Ready", "status": "False"}]}},
     ]
     assert online.schedulable_cpu(node_list) == pytest.approx(190.5)
+
+
+def test_a_labs_marker_does_not_match_a_lab_whose_directory_starts_the_same() -> None:
+    from e2e.state import LabState
+
+    lab = LabState(state_dir="/tmp/lab", lab_id="/tmp/lab", data_dir="/dev/shm/x", version="v1.37.2")
+    assert lab.marker in "/bin/etcd --data-dir=/tmp/lab/etcd-data"
+    assert lab.marker not in "/bin/etcd --data-dir=/tmp/lab-psa/etcd-data"  # another lab: not ours to stop

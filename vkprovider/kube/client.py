@@ -3,11 +3,17 @@
 One `KubeClient` per apiserver holds one connection pool. Requests are plain method + path +
 JSON; answers are decoded dicts, errors are `vkprovider.kube.errors` classes. Watches are async
 iterators of `WatchEvent`s; a compacted resourceVersion raises `Gone` so the caller relists.
+
+Credentials come from the ClusterAccess before each request: a cached token (a cheap check),
+renewed first when an exec plugin's credential is about to expire; a 401 obtains them again
+once and repeats the request if they changed, else the 401 stands. A new client certificate
+from a plugin gives a new SSL context (new connections; open ones keep their TLS session).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
@@ -16,8 +22,8 @@ from typing import Any, Literal, TypedDict
 import aiohttp
 import orjson
 
-from vkprovider.kube.access import ClusterAccess
-from vkprovider.kube.errors import ApiError, Fenced, Unreachable, error_for
+from vkprovider.kube.access import ClusterAccess, KubeconfigError
+from vkprovider.kube.errors import ApiError, Fenced, NoCredentials, Unreachable, error_for
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
 
@@ -73,7 +79,9 @@ class KubeClient:
         self.fence = fence
         self.server = access.server
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=5.0)
-        self._connector = aiohttp.TCPConnector(ssl=access.ssl_context(), limit=connection_limit)
+        self._ssl = access.ssl_context()
+        self._tls_version = access.tls_version
+        self._connector = aiohttp.TCPConnector(ssl=self._ssl, limit=connection_limit)
         self._session = aiohttp.ClientSession(
             connector=self._connector,
             headers={"User-Agent": user_agent, "Accept": "application/json"},
@@ -91,9 +99,31 @@ class KubeClient:
     async def close(self) -> None:
         await self._session.close()
 
-    def _headers(self, content_type: str | None = None, accept: str | None = None) -> dict[str, str]:
+    async def _credentials(self) -> tuple[str | None, int]:
+        """The bearer token to send and the credential version it belongs to, renewed first when
+        due; the SSL context follows a changed client certificate."""
+        access = self.access
+        try:
+            if access.stale():
+                await access.refresh()
+            token = access.bearer_token()
+            if access.tls_version != self._tls_version:
+                self._tls_version = access.tls_version
+                self._ssl = access.ssl_context()
+        except KubeconfigError as exc:
+            raise NoCredentials(0, "NoCredentials", str(exc)) from None
+        return token, access.version
+
+    async def _renewed(self, rejected: int) -> bool:
+        """After a 401: whether credentials other than those refused are now at hand."""
+        try:
+            return await self.access.refresh(rejected=rejected)
+        except KubeconfigError as exc:
+            raise NoCredentials(0, "NoCredentials", str(exc)) from None
+
+    @staticmethod
+    def _headers(token: str | None, content_type: str | None = None, accept: str | None = None) -> dict[str, str]:
         headers: dict[str, str] = {"Accept": accept} if accept else {}
-        token = self.access.bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if content_type:
@@ -114,26 +144,33 @@ class KubeClient:
         """One request; the decoded JSON answer, or an ApiError subclass."""
         if self.fence is not None and self.fence.closed and method != "GET":
             raise Fenced(0, "Fenced", f"{method} {path} not sent: {self.fence.closed}")
-        self.calls[method] += 1
         data = None if body is None else (body if isinstance(body, (bytes, str)) else orjson.dumps(body))
         client_timeout = self._timeout if timeout is None else aiohttp.ClientTimeout(total=timeout, sock_connect=5.0)
-        try:
-            async with self._session.request(
-                method,
-                self.server + path,
-                params=_query(params),
-                data=data,
-                headers=self._headers(content_type if data is not None else None, accept),
-                timeout=client_timeout,
-            ) as resp:
-                raw = await resp.read()
-                decoded = _decode(raw)
-                if resp.status >= 400:
-                    text = raw.decode(errors="replace")
-                    raise error_for(resp.status, decoded, text, resp.headers.get("Retry-After"))
-                return decoded or {}
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise self._unreachable(f"{method} {self.server}{path}: {exc!r}") from exc
+        retried = False
+        while True:
+            token, version = await self._credentials()
+            self.calls[method] += 1
+            try:
+                async with self._session.request(
+                    method,
+                    self.server + path,
+                    params=_query(params),
+                    data=data,
+                    headers=self._headers(token, content_type if data is not None else None, accept),
+                    timeout=client_timeout,
+                    ssl=self._ssl,
+                ) as resp:
+                    raw = await resp.read()
+                    status, retry_after = resp.status, resp.headers.get("Retry-After")
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise self._unreachable(f"{method} {self.server}{path}: {exc!r}") from exc
+            if status == 401 and not retried and await self._renewed(version):
+                retried = True
+                continue
+            decoded = _decode(raw)
+            if status >= 400:
+                raise error_for(status, decoded, raw.decode(errors="replace"), retry_after)
+            return decoded or {}
 
     def _unreachable(self, message: str) -> Unreachable:
         err = Unreachable(0, "Unreachable", message)
@@ -204,52 +241,74 @@ class KubeClient:
         )
         self.calls["WATCH"] += 1
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_seconds + 30)
-        try:
-            async with self._session.get(
-                self.server + path, params=_query(query), headers=self._headers(), timeout=timeout
-            ) as resp:
-                if resp.status >= 400:
-                    text = await resp.text()
-                    raise error_for(resp.status, _decode(text), text, resp.headers.get("Retry-After"))
-                buffer = b""
-                async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    while (newline := buffer.find(b"\n")) >= 0:
-                        line, buffer = buffer[:newline], buffer[newline + 1 :]
-                        if line.strip():
-                            yield _watch_event(line)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise self._unreachable(f"WATCH {self.server}{path}: {exc!r}") from exc
+        async with self._streaming("WATCH", path, query, timeout) as resp:
+            buffer = b""
+            async for chunk in resp.content.iter_any():
+                buffer += chunk
+                while (newline := buffer.find(b"\n")) >= 0:
+                    line, buffer = buffer[:newline], buffer[newline + 1 :]
+                    if line.strip():
+                        yield _watch_event(line)
 
     async def stream(self, path: str, *, params: Params | None = None) -> AsyncIterator[bytes]:
         """Raw body chunks of a streaming GET (logs), as they arrive."""
         self.calls["GET"] += 1
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0)
-        try:
-            async with self._session.get(
-                self.server + path, params=_query(params), headers=self._headers(), timeout=timeout
-            ) as resp:
-                if resp.status >= 400:
-                    text = await resp.text()
-                    raise error_for(resp.status, _decode(text), text)
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise self._unreachable(f"GET {self.server}{path}: {exc!r}") from exc
+        async with self._streaming("GET", path, params, timeout) as resp:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+
+    @contextlib.asynccontextmanager
+    async def _streaming(
+        self, what: str, path: str, params: Params | None, timeout: aiohttp.ClientTimeout
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET whose body is read as it arrives (watches, logs); a 401 renews the credential
+        once, and a broken connection, while opening or reading, is Unreachable."""
+        retried = False
+        while True:
+            token, version = await self._credentials()
+            try:
+                async with self._session.get(
+                    self.server + path,
+                    params=_query(params),
+                    headers=self._headers(token),
+                    timeout=timeout,
+                    ssl=self._ssl,
+                ) as resp:
+                    if resp.status >= 400:
+                        text = await resp.text()
+                        if resp.status == 401 and not retried and await self._renewed(version):
+                            retried = True
+                            continue
+                        raise error_for(resp.status, _decode(text), text, resp.headers.get("Retry-After"))
+                    yield resp
+                    return
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise self._unreachable(f"{what} {self.server}{path}: {exc!r}") from exc
 
     async def wait_ready(self, *, timeout: float, path: str = "/readyz") -> None:
         """Poll a health endpoint until it answers 200; raise Unreachable with the last reason."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last = "no answer"
+        renewed = False
         while True:
             try:
+                token, version = await self._credentials()
                 async with self._session.get(
-                    self.server + path, headers=self._headers(), timeout=aiohttp.ClientTimeout(total=5)
+                    self.server + path,
+                    headers=self._headers(token),
+                    timeout=aiohttp.ClientTimeout(total=5),
+                    ssl=self._ssl,
                 ) as resp:
                     if resp.status == 200:
                         return
                     last = f"{resp.status}: {(await resp.text())[-300:]}"
+                if resp.status == 401 and not renewed:
+                    renewed = True
+                    await self._renewed(version)
+            except NoCredentials as exc:
+                last = exc.message
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 last = repr(exc)
             if loop.time() >= deadline:

@@ -27,6 +27,11 @@ class Unreachable(ApiError):
     server: str = ""
 
 
+class NoCredentials(ApiError):
+    """Not sent: the kubeconfig's credential could not be obtained (an exec plugin missing or
+    failing, an unreadable token file); the message names who uses it and why."""
+
+
 class Fenced(ApiError):
     """Not sent: this process's writes are fenced off (it lost its leadership)."""
 

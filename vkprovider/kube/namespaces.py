@@ -4,6 +4,9 @@ A namespace is not ready for pods when it exists: the ServiceAccount admission p
 them until the controller manager has created the namespace's service account, moments later.
 That controller can lag by half a minute after its apiserver restarted (its watches back off),
 so a missing `default` account is created here after a short wait, as the controller would.
+
+An existing namespace is given the labels asked for when some differ (one merge patch), unless
+the caller names a label that marks its own namespaces and this one lacks it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import time
 from vkprovider.kube.client import KubeClient
 from vkprovider.kube.errors import AlreadyExists, NotFound
 
+NAMESPACES = "/api/v1/namespaces"
+
 DEFAULT_ACCOUNT_WAIT = 2.0  # seconds the controller manager gets to create `default` itself
 
 
@@ -23,16 +28,22 @@ async def ensure_namespace(
     name: str,
     *,
     labels: dict[str, str] | None = None,
+    owned_by: str | None = None,
     service_account: str = "default",
     timeout: float = 15.0,
 ) -> bool:
-    """Create namespace `name` unless it exists and wait for its service account; False if the
-    account did not appear within `timeout` seconds."""
+    """Create namespace `name` with `labels` unless it exists, else give it those of `labels`
+    it lacks or has otherwise (with `owned_by`, only if it carries that label as `labels` does:
+    a namespace someone else made keeps its own), and wait for its service account; False if
+    the account did not appear within `timeout` seconds."""
     body: dict[str, dict[str, object]] = {"metadata": {"name": name}}
     if labels:
         body["metadata"]["labels"] = labels
-    with contextlib.suppress(AlreadyExists):
-        await client.create("/api/v1/namespaces", body)
+    try:
+        await client.create(NAMESPACES, body)
+    except AlreadyExists:
+        if labels:
+            await _relabel(client, name, labels, owned_by)
     started = time.monotonic()
     created = False
     while True:
@@ -50,3 +61,15 @@ async def ensure_namespace(
                     await client.create(f"/api/v1/namespaces/{name}/serviceaccounts", account)
                 continue
         await asyncio.sleep(0.1)
+
+
+async def _relabel(client: KubeClient, name: str, labels: dict[str, str], owned_by: str | None) -> None:
+    try:
+        current = (await client.get(f"{NAMESPACES}/{name}"))["metadata"].get("labels") or {}
+    except NotFound:
+        return  # deleted meanwhile: the service-account wait below tells
+    if owned_by is not None and current.get(owned_by) != labels.get(owned_by):
+        return
+    changed = {k: v for k, v in labels.items() if current.get(k) != v}
+    if changed:
+        await client.patch(f"{NAMESPACES}/{name}", {"metadata": {"labels": changed}})

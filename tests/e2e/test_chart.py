@@ -1,0 +1,334 @@
+"""The Helm chart (charts/vkprovider): rendering with the pinned helm, and an install into the
+lab's front end whose ServiceAccount is all the provider gets (issue 11).
+
+Rendering needs only helm; the install uses the lab. The lab's nodes run no containers, so the
+provider runs as a process with a token of the chart's ServiceAccount, and the test runs the
+pre-delete hook's command (`vkprovider drain`) where the hook's Job would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import binaries
+from e2e.fixtures import Lab
+from federation import forge
+from tests.e2e.helpers import eventually, install_member_cluster_crd, make_namespace, pods
+from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
+from tests.e2e.vk import VkProcess
+from vkprovider.kube import KubeClient, NotFound, load_kubeconfig
+
+pytestmark = [pytest.mark.e2e]
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "vkprovider"
+CRD = Path(__file__).resolve().parents[2] / "federation" / "crds" / "memberclusters.yaml"
+
+#: Everything the chart's ServiceAccount may do on the front end, as `kubectl auth can-i --list`
+#: shows it (resource, verbs), beyond what every authenticated account gets. A new permission
+#: fails test_the_service_account_can_do_exactly_the_documented_list until this list (and the
+#: comment in templates/rbac.yaml) say why.
+DOCUMENTED = {
+    "nodes": {"get", "list", "watch", "create", "patch", "delete"},
+    "nodes/status": {"patch"},
+    "pods": {"get", "list", "watch", "patch", "delete"},
+    "pods/status": {"patch"},
+    "events": {"create"},
+    "configmaps": {"get"},
+    "secrets": {"get"},
+    "services": {"list"},
+    "tokenreviews.authentication.k8s.io": {"create"},
+    "subjectaccessreviews.authorization.k8s.io": {"create"},
+    "certificatesigningrequests.certificates.k8s.io": {"get", "create"},
+    "certificatesigningrequests.certificates.k8s.io/approval": {"update"},
+    "signers.certificates.k8s.io": {"approve"},
+    "podgroups.scheduling.k8s.io": {"get", "patch"},
+    "podgroups.scheduling.x-k8s.io": {"get", "patch"},
+    "podgroups.scheduling.volcano.sh": {"get", "patch"},
+    "jobs.batch": {"get"},
+    "replicasets.apps": {"get"},
+    "statefulsets.apps": {"get"},
+    "memberclusters.vkprovider.io": {"get", "list", "watch", "patch", "delete"},
+    "memberclusters.vkprovider.io/status": {"patch"},
+    # in the release namespace: the election Lease and the drain's scale-down
+    "leases.coordination.k8s.io": {"create", "get", "update"},
+    "deployments.apps": {"get", "patch"},
+}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binaries.ensure_all()["helm"]), *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+def render(*sets: str, values: dict[str, Any] | None = None, tmp: Path | None = None) -> list[dict[str, Any]]:
+    args = ["template", "rel", str(CHART), "--namespace", "vk-system"]
+    for item in sets:
+        args += ["--set", item]
+    if values is not None and tmp is not None:
+        path = tmp / f"values-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        args += ["-f", str(path)]
+    out = helm(*args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name or ''}: {len(found)} rendered"
+    return found[0]
+
+
+def settings_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(yaml.safe_load(one(docs, "ConfigMap")["data"]["settings.yaml"]))
+
+
+MEMBER = {"name": "m1", "kubeconfig": "apiVersion: v1\nkind: Config\n"}
+
+
+def test_helm_lint_is_clean(tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump({"members": [MEMBER], "routing": {"enabled": True}}))
+    result = helm("lint", str(CHART), "-f", str(values), "--strict", check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_leader_election_is_on_only_with_more_than_one_replica(tmp_path: Path) -> None:
+    single = render()
+    assert settings_of(single)["leader_election"]["enabled"] is False
+    assert one(single, "Deployment")["spec"]["replicas"] == 1
+    three = render("replicas=3", "podDisruptionBudget.enabled=true")
+    assert settings_of(three)["leader_election"]["enabled"] is True
+    assert one(three, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert not [d for d in render("podDisruptionBudget.enabled=true") if d["kind"] == "PodDisruptionBudget"]
+
+
+def test_the_deployment_is_hardened_and_probed() -> None:
+    spec = one(render(), "Deployment")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "podAntiAffinity" in spec["affinity"]
+
+
+def test_members_from_values_or_an_existing_secret(tmp_path: Path) -> None:
+    existing = {"name": "m2", "existingSecret": {"name": "theirs", "key": "config"}, "weight": 3}
+    docs = render(values={"members": [MEMBER, existing]}, tmp=tmp_path)
+    secrets = [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"]
+    assert secrets == ["rel-member-m1"]  # none made for the existing one
+    m2 = one(docs, "MemberCluster", "m2")["spec"]
+    assert m2["kubeconfigSecretRef"] == {"namespace": "vk-system", "name": "theirs", "key": "config"}
+    assert m2["weight"] == 3
+
+
+def test_service_monitor_on_and_off() -> None:
+    assert not [d for d in render() if d["kind"] == "ServiceMonitor"]
+    monitor = one(render("serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom"), "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_a_misspelt_value_fails_with_its_name() -> None:
+    result = helm("template", "rel", str(CHART), "--set", "replica=3", check=False)
+    assert result.returncode != 0
+    assert "replica" in result.stderr and "additional" in result.stderr.lower(), result.stderr
+    result = helm("template", "rel", str(CHART), "--set", "serviceMonitor.intervall=1m", check=False)
+    assert result.returncode != 0 and "intervall" in result.stderr, result.stderr
+
+
+def test_the_charts_crd_is_the_providers() -> None:
+    assert yaml.safe_load((CHART / "crds" / "memberclusters.yaml").read_text()) == yaml.safe_load(CRD.read_text())
+
+
+def test_the_drain_hook_runs_before_deletion() -> None:
+    job = one(render(), "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][:1] == ["drain"]
+
+
+# -- installed into the lab --------------------------------------------------------------------
+
+
+async def _sa_kubeconfig(lab: Lab, offline: KubeClient, namespace: str, account: str, path: Path) -> None:
+    token = await offline.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+    )
+    admin = yaml.safe_load(lab.kubeconfig("offline").read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "lab", "cluster": cluster}],
+                "users": [{"name": account, "user": {"token": token["status"]["token"]}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "lab", "user": account}}],
+                "current-context": "sa",
+            }
+        )
+    )
+
+
+async def _can_i(kubeconfig: Path, namespace: str) -> dict[str, set[str]]:
+    """What `kubectl auth can-i --list -n namespace` shows for the kubeconfig's account (the same
+    SelfSubjectRulesReview), as resource[.group][/subresource] -> verbs."""
+    async with KubeClient(load_kubeconfig(kubeconfig)) as client:
+        review = await client.create(
+            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectRulesReview",
+                "spec": {"namespace": namespace},
+            },
+        )
+    rules: dict[str, set[str]] = {}
+    for rule in review["status"].get("resourceRules", []):
+        for group in rule.get("apiGroups") or [""]:
+            for resource in rule.get("resources") or []:
+                name, _, sub = resource.partition("/")
+                key = (name if group == "" else f"{name}.{group}") + (f"/{sub}" if sub else "")
+                rules.setdefault(key, set()).update(rule.get("verbs") or [])
+    return rules
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_installed_chart_is_enough_for_the_provider_and_uninstall_drains_everything(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    await install_member_cluster_crd(offline)
+    release = f"vk{uuid.uuid4().hex[:5]}"
+    namespace = await make_namespace(offline, f"{release}-system")
+    node = f"vk-chart-{uuid.uuid4().hex[:5]}"
+    members = [
+        # A short checkpoint notice: the drain at the end goes through it.
+        {
+            "name": f"{release}-{m}",
+            "kubeconfig": lab.kubeconfig(m).read_text(),
+            "spec": {"reclaim": {"noticeSeconds": 2}},
+        }
+        for m in lab.members
+    ]
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"nodeName": node, "members": members, "drainOnUninstall": {"timeoutSeconds": 300}})
+    )
+    installed = helm(
+        "install", release, str(CHART), "-n", namespace, "-f", str(values),
+        "--kubeconfig", str(lab.kubeconfig("offline")), "--skip-crds", check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    ns = ""
+    proc: VkProcess | None = None
+    try:
+        # What the account may do is exactly the documented list (plus what everyone may).
+        kubeconfig = tmp_path / "sa.kubeconfig"
+        await _sa_kubeconfig(lab, offline, namespace, release, kubeconfig)
+        nobody = tmp_path / "default.kubeconfig"
+        await _sa_kubeconfig(lab, offline, namespace, "default", nobody)
+        granted = await _can_i(kubeconfig, namespace)
+        everyone = await _can_i(nobody, namespace)
+        extra = {k: v - everyone.get(k, set()) for k, v in granted.items()}
+        extra = {k: v for k, v in extra.items() if v}
+        assert extra == DOCUMENTED, (
+            f"granted beyond the list: { {k: v for k, v in extra.items() if DOCUMENTED.get(k) != v} }"
+        )
+
+        # The provider with nothing but the chart's account and the chart's settings.
+        settings = yaml.safe_load(
+            (await offline.get(f"/api/v1/namespaces/{namespace}/configmaps/{release}"))["data"]["settings.yaml"]
+        )
+        overrides = {k: settings[k] for k in ("node", "provider", "leader_election")}
+        overrides["kube.kubeconfig"] = str(kubeconfig)
+        proc = VkProcess(lab=lab, node=node, workdir=tmp_path, overrides=overrides)
+        config = proc.config()  # the chart's settings, with this process's ports and the token
+        proc.start()
+        await proc.wait_ready()
+
+        async def three_members() -> bool:
+            view = await proc.view()
+            return len(view.get("members", {})) == 3 and all("lendable" in m for m in view["members"].values())
+
+        await eventually(three_members, timeout=60, what="the chart's members known")
+        ns = await make_namespace(offline, f"chart-{uuid.uuid4().hex[:6]}")
+        await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("g", 3, {}))
+        for i in range(3):
+            await offline.create(f"/api/v1/namespaces/{ns}/pods", gang_pod(f"g{i}", node, "g", 0))
+        plain = gang_pod("plain", node, "none", 0)
+        del plain["spec"]["schedulingGroup"]
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", plain)
+
+        async def running() -> bool:
+            items = await pods(offline, ns)
+            return len(items) == 4 and all(p["status"].get("phase") == "Running" for p in items)
+
+        await eventually(running, timeout=90, what="a gang and a plain pod running through the chart's account")
+        forbidden = [line for line in proc.log_path.read_text().splitlines() if "403" in line or "Forbidden" in line]
+        assert not forbidden, forbidden[:5]
+
+        # Uninstall: the hook's command, where the Job would run it. The lab's "kubelet" for the
+        # provider's own Deployment is the test: it stops the process once drain scales it to 0.
+        drain = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vkprovider.cli", "drain", "--config", str(config),
+            "--deployment", f"{namespace}/{release}", "--timeout", "240",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+
+        async def scaled_down() -> bool:
+            deployment = await offline.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}")
+            return bool(deployment["spec"].get("replicas") == 0)
+
+        try:
+            await eventually(scaled_down, timeout=240, what="drain scaling the provider to zero")
+        except AssertionError as exc:
+            if drain.returncode is None:
+                drain.kill()
+            said, _ = await drain.communicate()
+            raise AssertionError(f"{exc}; drain said: {said.decode()[-2000:]}") from None
+        proc.stop()
+        output, _ = await asyncio.wait_for(drain.communicate(), timeout=120)
+        assert drain.returncode == 0, output.decode()
+        for item in await pods(offline, ns):
+            assert item["status"]["phase"] == "Failed" and item["status"]["reason"] == "Reclaimed", item["status"]
+        uninstalled = helm(
+            "uninstall", release, "-n", namespace, "--no-hooks", "--kubeconfig", str(lab.kubeconfig("offline"))
+        )
+        assert uninstalled.returncode == 0
+        with pytest.raises(NotFound):
+            await offline.get(f"/api/v1/nodes/{node}")
+        selector = {"labelSelector": f"{forge.INSTANCE}={node}"}
+        for member in lab.members:
+            async with lab.client(member) as client:
+                for plural in ("pods", "configmaps", "secrets", "services"):
+                    left = (await client.list(f"/api/v1/{plural}", params=selector))["items"]
+                    assert not left, f"{member} keeps {plural}: {[i['metadata']['name'] for i in left]}"
+        assert not [
+            m for m in (await offline.list("/apis/vkprovider.io/v1alpha1/memberclusters"))["items"]
+            if m["metadata"]["name"].startswith(release)
+        ]  # fmt: skip
+    finally:
+        if proc is not None:
+            proc.ensure_stopped()
+        helm(
+            "uninstall",
+            release,
+            "-n",
+            namespace,
+            "--no-hooks",
+            "--kubeconfig",
+            str(lab.kubeconfig("offline")),
+            check=False,
+        )
+        if ns:
+            await cleanup(lab, offline, ns)
