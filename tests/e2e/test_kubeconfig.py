@@ -219,7 +219,7 @@ async def test_a_federation_member_behind_an_exec_plugin_and_one_whose_plugin_fa
             return (
                 view
                 if ours
-                and ours.get("nodes", {}).get("total") == 5
+                and ours.get("nodes", {}).get("total", 0) > 0  # its nodes listed through the plugin's token
                 and ours["reachable"]
                 and other
                 and other["lastError"]
