@@ -42,6 +42,7 @@ from federation.jobs import (
     job_of,
     role_of,
 )
+from federation.nativepods import NativePods
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import (
@@ -61,7 +62,6 @@ from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
 RECLAIM_AT = disruption.RECLAIM_AT
-NATIVE_TTL = 1.0  # seconds a namespace's list of pods on native nodes serves job counts
 GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
 
 
@@ -292,9 +292,7 @@ class Dispatcher:
         self._capacities = capacities
         self._notify = notify
         self._outage = outage
-        self._virtual_nodes = virtual_nodes
-        #: namespace -> (when, its pods on native nodes), for counting jobs' native pods.
-        self._native: TTLCache[str, tuple[float, list[dict[str, Any]]]] = TTLCache(maxsize=1000, ttl=60)
+        self.native_pods = NativePods(lambda: self.front, virtual_nodes)
         self.jobs: dict[str, Job] = {}
         #: Pods a member took away (shared with every member's MemberPods).
         self.tombstones: Tombstones = new_tombstones()
@@ -723,27 +721,13 @@ class Dispatcher:
         return len(set(job.pods) | there)
 
     async def _count_native(self, job: Job, *, fresh: bool = False) -> int:
-        """The job's pods bound to native nodes of the front end (federation.hybrid)."""
-        if self.front is None:
-            return 0
-        virtual = set(self._virtual_nodes())
-        namespace = job.ref.namespace
-        cached = self._native.get(namespace)
-        if fresh or cached is None or time.monotonic() - cached[0] > NATIVE_TTL:
-            # Only pods bound elsewhere than our nodes and not ended (the apiserver filters), and
-            # at most one list per namespace and second however many jobs dispatch there.
-            fields = [f"spec.nodeName!={n}" for n in sorted(virtual)]
-            fields += ["spec.nodeName!=", "status.phase!=Succeeded", "status.phase!=Failed"]
-            try:
-                listed = await self.front.list(
-                    f"/api/v1/namespaces/{namespace}/pods", params={"fieldSelector": ",".join(fields)}
-                )
-            except ApiError as exc:
-                self._log.warning("native pods of a job not counted", job=job.ref.key, error=str(exc))
-                return job.native
-            cached = (time.monotonic(), listed["items"])
-            self._native[namespace] = cached
-        return len(hybrid.native_pods(cached[1], job.ref, virtual))
+        """The job's pods bound to native nodes of the front end (federation.hybrid); the last
+        count when the front end cannot tell now."""
+        try:
+            return await self.native_pods.count(job.ref, fresh=fresh)
+        except ApiError as exc:
+            self._log.warning("native pods of a job not counted", job=job.ref.key, error=str(exc))
+            return job.native
 
     def _split(self, job: Job) -> hybrid.Split:
         """The pods that leave as the gang (the virtual part of its minimum, highest bands

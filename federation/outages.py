@@ -34,7 +34,7 @@ import contextlib
 import datetime
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,6 +67,16 @@ def member_state(unreachable_for: float, *, grace: float, lost_after: float) -> 
     if unreachable_for > grace:
         return "unreachable"
     return "reachable"
+
+
+def follow(current: Outage | None, unreachable_for: float, *, grace: float, lost_after: float) -> Outage | None:
+    """The member's outage after a look at its clock (None: reachable); `since` stays the
+    moment it stopped answering."""
+    state = member_state(unreachable_for, grace=grace, lost_after=lost_after)
+    if state == "reachable":
+        return None
+    since = current.since if current is not None else time.time() - unreachable_for
+    return Outage(state=state, since=since, lost_after=lost_after)
 
 
 def rfc3339(ts: float) -> str:
@@ -244,3 +254,47 @@ class OrphanReconciler:
             target = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": node}}
             await self.events.emit(target, reason="MemberOrphansDeleted", message=message)
         return count
+
+
+class Announcer:
+    """One Warning Event `MemberUnreachable` per job whose pods run in a member that stopped
+    answering, on the job's group object or owner (else its first pod), sent from the
+    provider's publish loop."""
+
+    def __init__(
+        self,
+        *,
+        job_of_pod: Callable[[str], str],
+        job_object: Callable[[str, str], Awaitable[dict[str, Any] | None]],
+        events: Callable[[], EventRecorder | None],
+    ) -> None:
+        self._job_of_pod = job_of_pod
+        self._job_object = job_object
+        self._events = events
+        self._news: list[tuple[str, Mapping[str, dict[str, Any]], Outage]] = []
+
+    def add(self, member: str, pods: Mapping[str, dict[str, Any]], outage: Outage) -> None:
+        """`pods`: the member's pods of ours by front-end key, as last seen."""
+        self._news.append((member, dict(pods), outage))
+
+    async def flush(self) -> None:
+        news, self._news = self._news, []
+        events = self._events()
+        if events is None:
+            return
+        for member, pods, outage in news:
+            jobs: dict[str, list[str]] = {}  # the job label (a hash) -> front-end keys
+            for key, member_pod in pods.items():
+                label = (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) or key
+                jobs.setdefault(label, []).append(key)
+            for keys in jobs.values():
+                job_key = next((j for j in map(self._job_of_pod, keys) if j), "")
+                target = await self._job_object(job_key, keys[0])
+                if target is None:
+                    continue
+                message = (
+                    f"member {member} has not answered since {rfc3339(outage.since)}: "
+                    f"{len(keys)} pod(s) of this job there keep their last known status; "
+                    f"they are declared lost after {outage.lost_after:.0f}s without an answer"
+                )
+                await events.emit(target, reason="MemberUnreachable", message=message, warning=True)

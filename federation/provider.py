@@ -262,7 +262,11 @@ class FederationProvider:
             node_of=self._node_of_member,
             interval=config.orphan_interval,
         )
-        self._outage_news: list[tuple[Member, outages.Outage]] = []
+        self.announcer = outages.Announcer(
+            job_of_pod=lambda key: self.dispatcher.job_of_pod.get(key, ""),
+            job_object=self.reclaimer.job_object,
+            events=lambda: self.dispatcher.events,
+        )
         #: Set once the configured members are added and MemberCluster objects listed.
         self.started = asyncio.Event()
         #: How often the kubeconfig of a member that could not use it is read again.
@@ -472,48 +476,24 @@ class FederationProvider:
     def _follow_outage(self, member: Member) -> None:
         """Move the member along the two clocks (federation.outages); its pods are re-synced
         at each step (condition added, lost, or back)."""
-        unreachable_for = member.source.unreachable_for()
-        state = outages.member_state(
-            unreachable_for, grace=self.config.unreachable_grace, lost_after=self.config.pods_lost_after
+        before = member.outage
+        member.outage = outages.follow(
+            before,
+            member.source.unreachable_for(),
+            grace=self.config.unreachable_grace,
+            lost_after=self.config.pods_lost_after,
         )
-        before = member.outage.state if member.outage is not None else "reachable"
-        member.reachable = state == "reachable"
-        if state == before:
+        member.reachable = member.outage is None
+        was, now = (o.state if o is not None else "reachable" for o in (before, member.outage))
+        if was == now:
             return
-        if state == "reachable":
-            member.outage = None
-        else:
-            since = member.outage.since if member.outage is not None else time.time() - unreachable_for
-            member.outage = outages.Outage(state=state, since=since, lost_after=self.config.pods_lost_after)
-            if before == "reachable":
-                self._outage_news.append((member, member.outage))
-        self._log.warning("member reachability changed", cluster=member.name, state=state, was=before)
+        if before is None and member.outage is not None and member.pods is not None:
+            self.announcer.add(member.name, member.pods.by_origin, member.outage)
+        self._log.warning("member reachability changed", cluster=member.name, state=now, was=was)
         keys = set(member.pods.by_origin) if member.pods is not None else set()
         keys |= {k for k, placed in self.dispatcher.placed.items() if placed == member.name}
         for key in keys:
             self._pod_changed(key)
-
-    async def _announce_outages(self) -> None:
-        """One Warning Event per job whose pods run in a member that stopped answering."""
-        news, self._outage_news = self._outage_news, []
-        for member, outage in news:
-            if member.pods is None or self.dispatcher.events is None:
-                continue
-            jobs: dict[str, list[str]] = {}  # the job label (a hash) -> front-end keys
-            for key, member_pod in list(member.pods.by_origin.items()):
-                label = (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) or key
-                jobs.setdefault(label, []).append(key)
-            for keys in jobs.values():
-                job_key = next((self.dispatcher.job_of_pod[k] for k in keys if k in self.dispatcher.job_of_pod), "")
-                target = await self.reclaimer.job_object(job_key, keys[0])
-                if target is None:
-                    continue
-                message = (
-                    f"member {member.name} has not answered since {outages.rfc3339(outage.since)}: "
-                    f"{len(keys)} pod(s) of this job there keep their last known status; "
-                    f"they are declared lost after {outage.lost_after:.0f}s without an answer"
-                )
-                await self.dispatcher.events.emit(target, reason="MemberUnreachable", message=message, warning=True)
 
     def _finish_drain(self, member: Member) -> None:
         """A drained member (no pod of ours left) is removed, or kept disabled without watches."""
@@ -548,7 +528,7 @@ class FederationProvider:
                 pass  # also re-check reachability and held increases once a second
             self._dirty.clear()
             self._publish()
-            await self._announce_outages()
+            await self.announcer.flush()
             await self._write_member_statuses()
             await asyncio.sleep(self.config.publish_interval)
 

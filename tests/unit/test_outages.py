@@ -113,3 +113,11 @@ def test_provider_conditions_under_our_domain_come_and_go_with_the_provider() ->
 
 
 CONDITION = outages.CONDITION
+
+
+def test_follow_keeps_the_moment_the_member_stopped_answering() -> None:
+    first = outages.follow(None, 31.0, grace=30, lost_after=300)
+    assert first is not None and first.state == "unreachable"
+    later = outages.follow(first, 301.0, grace=30, lost_after=300)
+    assert later is not None and later.state == "lost" and later.since == first.since
+    assert outages.follow(later, 0.0, grace=30, lost_after=300) is None
