@@ -83,6 +83,23 @@ class ReclaimConfig(_Model):
     )
 
 
+class TenantAccount(_Model):
+    namespace: str
+    name: str
+
+
+class TenancyConfig(_Model):
+    """Set by `vkprovider onboard`: the provider reaches the member as one tenant among others
+    (federation.tenancy) and must give itself its rights in each namespace it creates."""
+
+    tenant: str = Field(description="The tenant's name; its member namespaces carry vkprovider.io/tenant.")
+    cluster_role: str = Field(alias="clusterRole", description="ClusterRole bound in each tenant namespace.")
+    service_account: TenantAccount = Field(alias="serviceAccount", description="The provider's account there.")
+    quota: dict[str, str] = Field(
+        default_factory=dict, description="ResourceQuota (requests) created in each tenant namespace."
+    )
+
+
 class MemberConfig(_Model):
     name: str = Field(description="Name of the member cluster.")
     kubeconfig: Path | None = Field(None, description="Kubeconfig file of the member (or kubeconfig_secret).")
@@ -107,6 +124,7 @@ class MemberConfig(_Model):
         "Checked before a pod is sent (a pod no member admits ends Failed, reason ForbiddenByMemberPolicy) "
         "and set as the Pod Security Admission labels (enforce, warn, audit) of our member namespaces.",
     )
+    tenancy: TenancyConfig | None = Field(None, description="Set when the member was joined by `vkprovider onboard`.")
 
 
 class RoutingConfig(_Model):
@@ -129,6 +147,11 @@ class RoutingConfig(_Model):
 class FederationConfig(_Model):
     members: list[MemberConfig] = Field(default_factory=list, description="Members declared in the settings.")
     member_objects: bool = Field(True, description="Also take members from MemberCluster objects.")
+    member_selector: str = Field(
+        "",
+        description="Label selector of the MemberCluster objects this provider takes (for one tenant's "
+        "provider among several in a front end: vkprovider.io/tenant=NAME); empty: all of them.",
+    )
     virtual_nodes: Literal["pooled", "per-member"] = Field(
         "pooled", description="One virtual node over all members, or one per member."
     )

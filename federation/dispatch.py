@@ -32,7 +32,9 @@ from typing import Any, cast
 from cachetools import TTLCache
 
 from federation import bands, disruption, forge, hybrid, outages, placement, podsecurity, reflect
+from federation import tenancy as tenancy_mod
 from federation.capacity import MemberCapacity
+from federation.config import TenancyConfig
 from federation.inventory import pod_requests
 from federation.jobs import (
     GROUP_RESOURCES,
@@ -50,11 +52,13 @@ from vkprovider.kube import (
     ApiError,
     ClusterAccess,
     Conflict,
+    Forbidden,
     Gone,
     KubeClient,
     NotFound,
     WriteFence,
     ensure_namespace,
+    wait_for_account,
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status
@@ -349,6 +353,16 @@ class Dispatcher:
         pods = self.pods_in(member)
         if pods is not None and pods.namespaces.get(namespace) == level:
             return
+        account = config.service_account
+        tenancy = config.tenancy
+        if tenancy is not None:
+            # Onboarding made the PriorityClasses; the tenant's account may not.
+            await self._ensure_tenant_namespace(client, namespace, tenancy, level)
+            if not await wait_for_account(client, namespace, account, timeout=15.0):
+                raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
+            if pods is not None:
+                pods.namespaces[namespace] = level
+            return
         if member not in self._priority_classes:
             reclaim = config.reclaim
             for body in bands.priority_classes(
@@ -357,7 +371,6 @@ class Dispatcher:
                 with contextlib.suppress(AlreadyExists):
                     await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
             self._priority_classes.add(member)
-        account = config.service_account
         # Ours from before (or labelled for another level) are relabelled; a namespace someone
         # else made in the member keeps its own labels.
         labels = {forge.MANAGED: "true", **podsecurity.namespace_labels(level)}
@@ -367,6 +380,31 @@ class Dispatcher:
             raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
         if pods is not None:
             pods.namespaces[namespace] = level
+
+    async def _ensure_tenant_namespace(
+        self, client: KubeClient, namespace: str, tenancy: TenancyConfig, level: podsecurity.Level
+    ) -> None:
+        """A tenant's provider has no rights in a namespace until it binds its role there
+        (federation.tenancy): namespace first, then the RoleBinding, then the quota."""
+        labels = {forge.MANAGED: "true", tenancy_mod.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
+        try:
+            try:
+                await client.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": labels}})
+            except AlreadyExists:
+                # No read on namespaces (other tenants' names are not ours to see): patch blind;
+                # the member's policy refuses it if the namespace is not this tenant's.
+                await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": labels}})
+        except Forbidden as exc:
+            raise ProviderError(f"namespace {namespace} refused for tenant {tenancy.tenant}: {exc}") from exc
+        binding = tenancy_mod.role_binding(tenancy.tenant, namespace)
+        binding["roleRef"]["name"] = tenancy.cluster_role
+        binding["subjects"] = [{"kind": "ServiceAccount", **tenancy.service_account.model_dump()}]
+        with contextlib.suppress(AlreadyExists):
+            await client.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", binding)
+        if tenancy.quota:
+            quota = tenancy_mod.resource_quota(tenancy.tenant, namespace, tenancy.quota)
+            with contextlib.suppress(AlreadyExists):
+                await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
 
     async def _create_member_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool = True) -> None:
         entry = self._members()[member]
@@ -469,9 +507,21 @@ class Dispatcher:
                 known[1].update(secrets)
                 origin[ns] = (member_pod["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAMESPACE, ns)
                 by_namespace.setdefault(ns, []).append(member_pod)
+            # A tenant may not list across the member: its namespaces in use, one by one.
+            scoped = self._members()[name].config.tenancy is not None
+            namespaces = sorted(set(pods.namespaces) | set(by_namespace)) if scoped else [""]
+
+            async def listed_in(
+                plural: str, client: KubeClient = client, namespaces: list[str] = namespaces
+            ) -> list[dict[str, Any]]:
+                out: list[dict[str, Any]] = []
+                for ns in namespaces:
+                    path = f"/api/v1/namespaces/{ns}/{plural}" if ns else f"/api/v1/{plural}"
+                    out.extend((await client.list(path, params=selector))["items"])
+                return out
+
             for plural, index in (("configmaps", 0), ("secrets", 1)):
-                listed = await client.list(f"/api/v1/{plural}", params=selector)
-                for obj in listed["items"]:
+                for obj in await listed_in(plural):
                     ns, obj_name = obj["metadata"]["namespace"], obj["metadata"]["name"]
                     path = f"/api/v1/namespaces/{ns}/{plural}/{obj_name}"
                     if obj_name not in used.get(ns, (set(), set()))[index]:
@@ -488,8 +538,7 @@ class Dispatcher:
                         copy["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
                         with contextlib.suppress(Conflict, NotFound):
                             await client.replace(path, copy)
-            listed = await client.list("/api/v1/services", params=selector)
-            for svc in listed["items"]:
+            for svc in await listed_in("services"):
                 ns = svc["metadata"]["namespace"]
                 members = by_namespace.get(ns, [])
                 in_use = any(reflect.headless_services_for(p["metadata"].get("labels") or {}, [svc]) for p in members)

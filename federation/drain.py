@@ -67,7 +67,8 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
     deadline = time.monotonic() + timeout
     instance = settings.node.name
     async with KubeClient(access, user_agent="vkprovider-drain") as front:
-        objects = (await front.list(MEMBERS_PATH))["items"]
+        chosen = {"labelSelector": config.member_selector} if config.member_selector else None
+        objects = (await front.list(MEMBERS_PATH, params=chosen))["items"]
         names = [o["metadata"]["name"] for o in objects]
         _say(f"{len(names)} member(s): {', '.join(names) or '-'}")
         clients: dict[str, KubeClient] = {}
@@ -75,10 +76,19 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
             for obj in objects:
                 with contextlib.suppress(ApiError, ValueError):
                     clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
+            selector = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={instance}"}
+            # A tenant's credential cannot list Secrets across the member (federation.tenancy):
+            # its reflected objects are looked for in the namespaces its pods use now.
+            scoped: dict[str, set[str]] = {}
+            for obj in objects:
+                name = obj["metadata"]["name"]
+                if (obj.get("spec") or {}).get("tenancy") and name in clients:
+                    with contextlib.suppress(ApiError):
+                        listed = await clients[name].list("/api/v1/pods", params=selector)
+                        scoped[name] = {p["metadata"]["namespace"] for p in listed["items"]}
             for name in names:
                 await front.patch(f"{MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
             _say("members disabled: our pods there get checkpoint notices, then go")
-            selector = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={instance}"}
 
             async def members_empty() -> bool:
                 for client in clients.values():
@@ -93,9 +103,15 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
             _say("no member holds a pod of ours")
             reflected = {"labelSelector": f"{reflect.REFLECTED}=true,{forge.INSTANCE}={instance}"}
             for name, client in clients.items():
-                for plural in ("configmaps", "secrets", "services"):
-                    for item in (await client.list(f"/api/v1/{plural}", params=reflected))["items"]:
+                collections = [
+                    f"/api/v1/namespaces/{ns}/{plural}" if name in scoped else f"/api/v1/{plural}"
+                    for plural in ("configmaps", "secrets", "services")
+                    for ns in sorted(scoped.get(name, {""}))
+                ]
+                for collection in collections:
+                    for item in (await client.list(collection, params=reflected))["items"]:
                         meta = item["metadata"]
+                        plural = collection.rpartition("/")[2]
                         with contextlib.suppress(NotFound):
                             await client.delete(f"/api/v1/namespaces/{meta['namespace']}/{plural}/{meta['name']}")
                 _say(f"{name}: reflected objects deleted")

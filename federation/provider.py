@@ -27,7 +27,7 @@ from prometheus_client import Counter as PromCounter
 from federation import capacity, forge, outages, podsecurity, quantities, routing
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
-from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig
+from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
 from federation.dispatch import Dispatcher, MemberPods
 from federation.inventory import Inventory
 from federation.reclaim import Reclaimer, ReclaimMetrics
@@ -220,6 +220,7 @@ def member_from_object(obj: dict[str, Any]) -> MemberConfig:
         scheduler_name=spec.get("schedulerName", "default-scheduler"),
         reclaim=ReclaimConfig.model_validate(spec.get("reclaim") or {}),
         pod_security=spec.get("podSecurity", podsecurity.DEFAULT),
+        tenancy=TenancyConfig.model_validate(spec["tenancy"]) if spec.get("tenancy") else None,
     )
 
 
@@ -577,7 +578,8 @@ class FederationProvider:
         assert self._client is not None
         while True:
             try:
-                listed = await self._client.list(MEMBERS_PATH)
+                selector = {"labelSelector": self.config.member_selector} if self.config.member_selector else None
+                listed = await self._client.list(MEMBERS_PATH, params=selector)
                 seen = set()
                 for obj in listed["items"]:
                     seen.add(obj["metadata"]["name"])
@@ -589,7 +591,7 @@ class FederationProvider:
                 self.started.set()
                 rv = listed["metadata"]["resourceVersion"]
                 while True:
-                    async for event in self._client.watch(MEMBERS_PATH, resource_version=rv):
+                    async for event in self._client.watch(MEMBERS_PATH, resource_version=rv, params=selector):
                         obj = event["object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
                         if event["type"] == "BOOKMARK":

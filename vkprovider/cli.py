@@ -2,6 +2,10 @@
 
   vkprovider run --config FILE [--set section.key=value ...] [--node-name N] [--kubeconfig F] [--port P]
   vkprovider status [--url http://HOST:10255]
+  vkprovider drain --config FILE [--deployment NS/NAME] [--timeout S]
+  vkprovider onboard --tenant T --front-end-kubeconfig F --member-kubeconfig M [--member-name N]
+                     [--quota cpu=...,memory=...] [--pod-security LEVEL] [--dry-run]
+  vkprovider offboard --tenant T --front-end-kubeconfig F --member-kubeconfig M [--member-name N] [--force]
 
 Bad settings end with one line on stderr and exit status 2; a runtime failure with status 1.
 """
@@ -38,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting")
     drain.add_argument("--deployment", help="NAMESPACE/NAME of the provider's Deployment, scaled to zero before")
     drain.add_argument("--timeout", type=float, default=900.0, help="seconds the whole drain may take")
+    for module in TOOL_MODULES:
+        importlib.import_module(module).add_arguments(sub)
     status = sub.add_parser("status", help="print capacity, use and health of members and virtual nodes")
     status.add_argument("--url", default="http://127.0.0.1:10255", help="the provider's plain HTTP port")
     return parser
@@ -63,6 +69,9 @@ def _tune_gc() -> None:
 #: Commands a provider adds (settings.provider.type -> command -> "module:function"), found by
 #: name like the providers themselves: the runtime does not import the packages above it.
 PROVIDER_COMMANDS = {"federation": {"drain": "federation.drain:main"}}
+#: Modules adding commands that need no settings (each has add_arguments(subparsers) and
+#: main(args), and owns the commands it adds): `onboard` and `offboard`.
+TOOL_MODULES = {"federation.onboard": ("onboard", "offboard")}
 
 
 def _drain(args: argparse.Namespace) -> int:
@@ -86,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return status.main(args.url)
     if args.command == "drain":
         return _drain(args)
+    for module, commands in TOOL_MODULES.items():
+        if args.command in commands:
+            return int(importlib.import_module(module).main(args))
     try:
         settings = load(
             config=args.config,

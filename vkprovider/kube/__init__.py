@@ -22,7 +22,7 @@ from vkprovider.kube.errors import (
     Unauthorized,
     Unreachable,
 )
-from vkprovider.kube.namespaces import ensure_namespace
+from vkprovider.kube.namespaces import ensure_namespace, wait_for_account
 from vkprovider.kube.paths import resource_path
 from vkprovider.kube.upsert import create_or_replace
 
@@ -48,4 +48,5 @@ __all__ = [
     "ensure_namespace",
     "load_kubeconfig",
     "resource_path",
+    "wait_for_account",
 ]

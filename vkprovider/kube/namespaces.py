@@ -44,6 +44,12 @@ async def ensure_namespace(
     except AlreadyExists:
         if labels:
             await _relabel(client, name, labels, owned_by)
+    return await wait_for_account(client, name, service_account, timeout=timeout)
+
+
+async def wait_for_account(client: KubeClient, name: str, service_account: str = "default", *, timeout: float) -> bool:
+    """Wait for the namespace's service account (creating `default` after a short wait); False
+    if it did not appear within `timeout` seconds."""
     started = time.monotonic()
     created = False
     while True:
