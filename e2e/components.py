@@ -216,7 +216,21 @@ def controller_manager_argv(*, binary: Path, files: ClusterFiles, port: int) -> 
     ]
 
 
-def kwok_argv(*, binary: Path, files: ClusterFiles, stages: Path, pod_cidr: str, port: int) -> list[str]:
+def kwok_debug_config(log: Path) -> str:
+    """What KWOK's kubelet server answers for every pod it runs: `pods/log` and `attach` read
+    `log`. No exec and no port-forward are configured: the server listens on all addresses (the
+    nodes' loopback IPs are not its own), and exec would run commands on this machine."""
+    return (
+        "apiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterLogs\nmetadata: {name: lab-logs}\n"
+        f"spec:\n  logs:\n  - logsFile: {log}\n    previousLogsFile: {log}\n    follow: true\n"
+        "---\napiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterAttach\nmetadata: {name: lab-attach}\n"
+        f"spec:\n  attaches:\n  - logsFile: {log}\n"
+    )
+
+
+def kwok_argv(
+    *, binary: Path, files: ClusterFiles, stages: Path, pod_cidr: str, port: int, debug: Path | None = None
+) -> list[str]:
     return [
         str(binary),
         f"--kubeconfig={files.kubeconfig}",
@@ -226,5 +240,7 @@ def kwok_argv(*, binary: Path, files: ClusterFiles, stages: Path, pod_cidr: str,
         f"--config={stages}",
         "--node-lease-duration-seconds=40",
         f"--cidr={pod_cidr}",
-        f"--server-address=127.0.0.1:{port}",
+        # All addresses: the apiserver dials a node at its own loopback IP (127.10x...).
+        f"--server-address=0.0.0.0:{port}",
+        *([f"--config={debug}"] if debug else []),
     ]

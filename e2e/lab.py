@@ -89,6 +89,21 @@ def _resolve_binaries(spec: LabSpec) -> dict[str, Path]:
 # -- files ---------------------------------------------------------------------------------------
 
 
+def kwok_log_file(root: Path, cluster: str) -> Path:
+    """The log every simulated container of `cluster` has (KWOK reads it on each request, so a
+    test appends lines to it; CRI format: `<RFC 3339 time> stdout F <text>`)."""
+    return root / "clusters" / cluster / "containers.log"
+
+
+def _write_kwok_debug(root: Path, cluster: str) -> Path:
+    log = kwok_log_file(root, cluster)
+    if not log.exists():
+        log.write_text("".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {cluster} lab line {i}\n" for i in range(3)))
+    path = root / "clusters" / cluster / "kwok-debug.yaml"
+    path.write_text(components.kwok_debug_config(log))
+    return path
+
+
 def _write_cluster_files(lab: LabState, cluster: ClusterState) -> components.ClusterFiles:
     files = components.ClusterFiles(dir=lab.root / "clusters" / cluster.name, kubeconfig=lab.kubeconfig(cluster.name))
     files.pki.mkdir(parents=True, exist_ok=True)
@@ -194,7 +209,7 @@ def _runs_kwok(cluster: ClusterState) -> bool:
     return cluster.role == "member" or cluster.nodes > 0
 
 
-async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index: int) -> None:
+async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index: int, kubelet_port: int) -> None:
     profile = nodes.PROFILES[cluster.profile or "cpu"]
     native = {nodes.CAPACITY_LABEL: nodes.NATIVE_CAPACITY} if cluster.role == "offline" else None
     limit = asyncio.Semaphore(16)
@@ -202,7 +217,12 @@ async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index:
     async def one(index: int) -> None:
         async with limit:
             node = nodes.build_node(
-                cluster=cluster.name, member_index=member_index, index=index, profile=profile, extra_labels=native
+                cluster=cluster.name,
+                member_index=member_index,
+                index=index,
+                profile=profile,
+                extra_labels=native,
+                kubelet_port=kubelet_port,
             )
             await _create(client, "/api/v1/nodes", node)
             topology = nodes.build_node_topology(node=node["metadata"]["name"], profile=profile)
@@ -211,7 +231,7 @@ async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index:
     await asyncio.gather(*(one(i) for i in range(cluster.nodes)))
 
 
-async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int) -> None:
+async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int, kubelet_port: int) -> None:
     access = load_kubeconfig(lab.kubeconfig(cluster.name))
     async with KubeClient(access, user_agent="vkprovider-lab") as client:
         await _install_crds(client)
@@ -224,7 +244,7 @@ async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int) ->
         }
         await _create(client, "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
         if _runs_kwok(cluster):
-            await _create_nodes(client, cluster, member_index)
+            await _create_nodes(client, cluster, member_index, kubelet_port)
 
 
 async def _cluster_ready(lab: LabState, cluster: ClusterState) -> bool:
@@ -389,7 +409,7 @@ async def _start_cluster_components(
     cluster.processes["kube-scheduler"] = scheduler
     cluster.processes["kube-controller-manager"] = kcm
     lab.save()
-    await _bootstrap(lab, cluster, member_index)
+    await _bootstrap(lab, cluster, member_index, cluster_ports.kwok)
     if _runs_kwok(cluster):
         cluster.processes["kwok"] = _start(
             lab,
@@ -402,6 +422,7 @@ async def _start_cluster_components(
                     stages=STAGES,
                     pod_cidr=f"10.{100 + member_index}.0.0/16",
                     port=cluster_ports.kwok,
+                    debug=_write_kwok_debug(lab.root, name),
                 ),
             ),
         )

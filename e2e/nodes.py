@@ -67,8 +67,8 @@ def network_pod(cluster: str, index: int) -> str:
 
 
 def node_ip(member_index: int, index: int) -> str:
-    # Loopback addresses: nothing ever listens there, so a stray connection (say, the apiserver
-    # proxying `kubectl logs` to a simulated node) is refused at once and never leaves the host.
+    # Loopback addresses: a connection to a node (the apiserver proxying `kubectl logs`) never
+    # leaves the host; KWOK's kubelet server, listening on all addresses, answers it.
     return f"127.{100 + member_index}.{index // 250}.{index % 250 + 1}"
 
 
@@ -92,9 +92,17 @@ def resources(profile: Profile) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def build_node(
-    *, cluster: str, member_index: int, index: int, profile: Profile, extra_labels: Mapping[str, str] | None = None
+    *,
+    cluster: str,
+    member_index: int,
+    index: int,
+    profile: Profile,
+    extra_labels: Mapping[str, str] | None = None,
+    kubelet_port: int | None = None,
 ) -> dict[str, Any]:
-    """One node; `member_index` picks its address and pod CIDR block (0 for the offline cluster)."""
+    """One node; `member_index` picks its address and pod CIDR block (0 for the offline cluster).
+    With `kubelet_port`, the apiserver proxies `pods/log` (and the streams) to that port: KWOK's
+    kubelet server, which answers for every node it manages."""
     name = node_name(cluster, index)
     capacity, allocatable = resources(profile)
     labels = {
@@ -132,6 +140,7 @@ def build_node(
                 {"type": "InternalIP", "address": node_ip(member_index, index)},
                 {"type": "Hostname", "address": name},
             ],
+            **({"daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}} if kubelet_port else {}),
             "nodeInfo": {
                 "architecture": "amd64",
                 "operatingSystem": "linux",

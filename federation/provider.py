@@ -16,7 +16,7 @@ import base64
 import datetime
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import yaml
 from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, outages, podsecurity, quantities, routing
+from federation import capacity, forge, memberlogs, outages, podsecurity, quantities, routing
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
@@ -38,7 +38,7 @@ from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
-from vkprovider.provider import NodeStatus, PodChanged, ProviderError, ProviderNotFound
+from vkprovider.provider import LogOptions, NodeStatus, PodChanged, ProviderError, ProviderNotFound
 from vkprovider.settings import SettingsError
 
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
@@ -783,6 +783,13 @@ class FederationProvider:
             front = {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}
         pod: Pod = {"metadata": front["metadata"], "spec": front["spec"], "status": status}
         return pod
+
+    async def container_logs(
+        self, namespace: str, name: str, container: str, options: LogOptions
+    ) -> AsyncIterator[bytes]:
+        """The member pod's log, relayed as it arrives (federation.memberlogs)."""
+        async for chunk in memberlogs.stream(self.dispatcher, namespace, name, container, options):
+            yield chunk
 
     def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
         return {forge.MEMBER: self.dispatcher.pin_of(f"{namespace}/{name}")}

@@ -347,8 +347,10 @@ class MemoryProvider:
             record.pod["metadata"]["deletionGracePeriodSeconds"] = 30 if grace is None else grace
             self._save(record)
             self._schedule(record)
-        self._expire(key)
-        self._emit(key)
+            self._expire(key)
+            # Only on a change: a notice for a repeated delete sends the runtime back here at
+            # once (its pod is gone from the API), a busy loop for the whole stop period.
+            self._emit(key)
 
     async def get_pod(self, namespace: str, name: str) -> Pod | None:
         await self._call("get_pod")

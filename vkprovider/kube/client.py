@@ -250,11 +250,15 @@ class KubeClient:
                     if line.strip():
                         yield _watch_event(line)
 
-    async def stream(self, path: str, *, params: Params | None = None) -> AsyncIterator[bytes]:
-        """Raw body chunks of a streaming GET (logs), as they arrive."""
+    async def stream(self, path: str, *, params: Params | None = None, opened: bool = False) -> AsyncIterator[bytes]:
+        """Raw body chunks of a streaming GET (logs), as they arrive. With `opened`, an empty
+        chunk first, as soon as the server answered 200: a caller relaying the stream can send
+        its own headers then, before the first byte of a quiet log."""
         self.calls["GET"] += 1
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0)
         async with self._streaming("GET", path, params, timeout) as resp:
+            if opened:
+                yield b""
             async for chunk in resp.content.iter_any():
                 yield chunk
 
