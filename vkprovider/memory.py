@@ -26,8 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vkprovider.minishell import Shell
 from vkprovider.objects import ContainerStatus, Pod, PodCondition, PodStatus
-from vkprovider.provider import LogOptions, NodeStatus, PodChanged, ProviderError, ProviderNotFound
+from vkprovider.provider import (
+    ExecStreams,
+    LogOptions,
+    NodeStatus,
+    PodChanged,
+    ProviderError,
+    ProviderNotFound,
+)
 
 ANNOTATION_PREFIX = "vkprovider.io/memory-"
 
@@ -385,17 +393,31 @@ class MemoryProvider:
     def notify_node_status(self, callback: Callable[[str], None]) -> None:
         self._node_callbacks.append(callback)
 
-    # -- logs and stats --------------------------------------------------------------------------
+    # -- exec, logs and stats --------------------------------------------------------------------
+
+    def _container(self, key: str, container: str) -> _Record:
+        record = self._expire(key)
+        if record is None:
+            raise ProviderNotFound(f"pod {key} not found")
+        if container not in {c.get("name") for c in record.pod["spec"].get("containers", [])}:
+            raise ProviderNotFound(f"container {container} is not valid for pod {key.partition('/')[2]}")
+        return record
+
+    async def exec_in_container(
+        self, namespace: str, name: str, container: str, command: list[str], streams: ExecStreams
+    ) -> int:
+        """A built-in command (vkprovider.minishell) in a running container of the pod."""
+        key = f"{namespace}/{name}"
+        record = self._container(key, container)
+        if self._status(record).get("phase") != "Running":
+            raise ProviderError(f"container {container} of pod {key} is not running")
+        return await Shell(streams).run(command)
 
     async def container_logs(
         self, namespace: str, name: str, container: str, options: LogOptions
     ) -> AsyncIterator[bytes]:
         key = f"{namespace}/{name}"
-        record = self._expire(key)
-        if record is None:
-            raise ProviderNotFound(f"pod {key} not found")
-        if container not in {c.get("name") for c in record.pod["spec"].get("containers", [])}:
-            raise ProviderNotFound(f"container {container} is not valid for pod {name}")
+        record = self._container(key, container)
         if options.previous:
             raise ProviderNotFound(f"previous terminated container {container!r} in pod {name!r} not found")
         uid = record.uid

@@ -122,6 +122,45 @@ class LogProvider(Protocol):
         """Lines (each ending in a newline) as they become available; ends unless following."""
 
 
+@dataclass(frozen=True)
+class TermSize:
+    width: int
+    height: int
+
+
+class StreamReader(Protocol):
+    async def read(self) -> bytes:
+        """The next bytes; b"" once the client closed its side."""
+
+
+class StreamWriter(Protocol):
+    async def write(self, data: bytes) -> None:
+        """Send bytes; waits while the client is slower than the command (back-pressure)."""
+
+
+@dataclass(frozen=True)
+class ExecStreams:
+    """What the client of `kubectl exec` asked for: None where it did not (no stderr with a tty)."""
+
+    stdin: StreamReader | None
+    stdout: StreamWriter | None
+    stderr: StreamWriter | None
+    tty: bool = False
+    #: Terminal sizes as the client sends them (the first at the start), with a tty only.
+    resizes: AsyncIterator[TermSize] | None = None
+
+
+@runtime_checkable
+class ExecProvider(Protocol):
+    """Optional: `kubectl exec` (and `cp`, which runs tar through it)."""
+
+    async def exec_in_container(
+        self, namespace: str, name: str, container: str, command: list[str], streams: ExecStreams
+    ) -> int:
+        """Run `command` in the container with these streams; its exit status. Raise
+        ProviderNotFound or ProviderError when it cannot run (the client is told why)."""
+
+
 @runtime_checkable
 class StatsProvider(Protocol):
     """Optional: resource usage for /stats/summary and /metrics/resource."""

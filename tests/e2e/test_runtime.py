@@ -47,20 +47,6 @@ async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
         yield client
 
 
-@pytest.fixture
-def vk(lab: Lab, tmp_path: Path) -> Any:
-    started: list[VkProcess] = []
-
-    def make(node: str | None = None, **overrides: Any) -> VkProcess:
-        proc = VkProcess(lab=lab, node=node or f"vk-{uuid.uuid4().hex[:6]}", workdir=tmp_path, overrides=overrides)
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.ensure_stopped()
-
-
 async def node_ready(client: KubeClient, name: str) -> str | None:
     try:
         node = await client.get(f"/api/v1/nodes/{name}")
@@ -278,6 +264,10 @@ async def test_logs_through_the_apiserver_and_refused_callers(lab: Lab, offline:
                 assert resp.status == 200
                 assert "talker/main line" in await resp.text()
             async with session.get(f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main", ssl=_with_cert(reader)) as r:
+                assert r.status == 400 and "SPDY" in await r.text()  # exec is served, over SPDY only
+            async with session.get(
+                f"https://127.0.0.1:{proc.port}/portForward/{ns}/talker", ssl=_with_cert(reader)
+            ) as r:
                 assert r.status == 501
     finally:
         await delete_namespace(offline, ns)

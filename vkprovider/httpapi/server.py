@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from vkprovider import logs
+from vkprovider.httpapi import remotecommand
 from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certificate
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
@@ -143,6 +144,7 @@ class KubeletApi:
         app.router.add_get("/stats/summary", self._summary)
         app.router.add_get("/stats/summary/", self._summary)
         app.router.add_get("/metrics/resource", self._resource_metrics)
+        app.router.add_route("*", "/exec/{namespace}/{pod}/{container}", self._exec)
         for prefix in ("/exec", "/attach", "/portForward", "/run"):
             app.router.add_route("*", prefix + "/{tail:.*}", self._not_yet)
         return app
@@ -178,6 +180,9 @@ class KubeletApi:
     async def _list_pods(self, request: web.Request) -> web.Response:
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": self._pods()}
         return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def _exec(self, request: web.Request) -> web.StreamResponse:
+        return await remotecommand.serve_exec(request, self._provider)
 
     async def _not_yet(self, request: web.Request) -> web.Response:
         what = request.path.split("/")[1]

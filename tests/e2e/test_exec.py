@@ -1,0 +1,110 @@
+"""`kubectl exec` on a pod of the virtual node, through the real front-end apiserver (issue 12,
+part 1): kubectl speaks WebSockets to the apiserver, which translates them to SPDY/3.1 toward
+our kubelet port (the virtual node does not declare ExtendWebSocketsToKubelet); the in-memory
+provider runs its built-in commands (vkprovider.minishell)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+import pty
+import select
+import struct
+import subprocess
+import termios
+import uuid
+from typing import Any
+
+import pytest
+
+from e2e.fixtures import Lab
+from tests.e2e.helpers import delete_namespace, eventually, make_namespace
+from tests.e2e.test_member_logs import kubectl
+from tests.e2e.test_runtime import running, vk_pod
+from vkprovider.kube import KubeClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+
+
+def in_terminal(argv: list[str], rows: int = 40, cols: int = 120) -> str:
+    """Run argv on a pseudo-terminal of that size; what it printed."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    child = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, close_fds=True)
+    os.close(follower)
+    out = b""
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], 30)
+            if not ready:
+                break
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed with the child
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        child.wait(timeout=30)
+        os.close(leader)
+    return out.decode(errors="replace")
+
+
+def exec_argv(lab: Lab, ns: str, *args: str) -> list[str]:
+    return [*kubectl(lab, "offline", ns), "exec", *args]
+
+
+async def test_kubectl_exec_streams_both_ways_and_reports_the_exit_code(lab: Lab, offline: KubeClient, vk: Any) -> None:
+    proc = vk()
+    proc.start()
+    await proc.wait_ready()
+    ns = await make_namespace(offline, f"exec-{uuid.uuid4().hex[:6]}")
+    try:
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", vk_pod("shell", proc.node))
+        await eventually(lambda: running(offline, ns, 1), what="pod running")
+
+        said = subprocess.run(
+            exec_argv(lab, ns, "shell", "--", "sh", "-c", "echo out; echo err >&2; exit 3"),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert (said.returncode, said.stdout, said.stderr.splitlines()[0]) == (3, "out\n", "err"), said
+
+        data = os.urandom(5 * 1024 * 1024)
+        piped = subprocess.run(
+            exec_argv(lab, ns, "-i", "shell", "--", "sha256sum"),
+            input=data, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert piped.returncode == 0, piped.stderr
+        assert piped.stdout.decode() == f"{hashlib.sha256(data).hexdigest()}  -\n"
+
+        echoed = subprocess.run(
+            exec_argv(lab, ns, "-i", "shell", "--", "cat"), input=data[:300_000], capture_output=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert echoed.returncode == 0 and echoed.stdout == data[:300_000], echoed.stderr
+
+        missing = subprocess.run(
+            exec_argv(lab, ns, "shell", "--", "nosuch"), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert missing.returncode == 127 and "nosuch: not found" in missing.stderr, missing
+
+        # Ten sessions at once.
+        async def one(i: int) -> str:
+            child = await asyncio.create_subprocess_exec(
+                *exec_argv(lab, ns, "shell", "--", "echo", f"session-{i}"),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await asyncio.wait_for(child.communicate(), timeout=60)
+            return out.decode()
+
+        outputs = await asyncio.gather(*(one(i) for i in range(10)))
+        assert outputs == [f"session-{i}\n" for i in range(10)]
+
+        # A terminal: kubectl sends its size on the resize stream, the command sees it.
+        said_tty = await asyncio.to_thread(in_terminal, exec_argv(lab, ns, "-it", "shell", "--", "stty", "size"))
+        assert "40 120" in said_tty, said_tty
+    finally:
+        await delete_namespace(offline, ns)

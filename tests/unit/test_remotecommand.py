@@ -1,0 +1,43 @@
+"""The remote-command protocol's pure parts: version choice, the exit status a v4 client reads,
+and terminal sizes split across DATA frames."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from vkprovider.httpapi import remotecommand
+from vkprovider.provider import TermSize
+
+
+def test_the_newest_common_version_is_chosen() -> None:
+    offers = ["v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io", "channel.k8s.io"]
+    assert remotecommand.choose(offers) == "v4.channel.k8s.io"
+    assert remotecommand.choose(["channel.k8s.io"]) == "channel.k8s.io"
+    assert remotecommand.choose(["v9.channel.k8s.io"]) is None
+
+
+def test_the_exit_status_is_a_status_kubectl_understands() -> None:
+    assert remotecommand.status(0) == {"metadata": {}, "status": "Success"}
+    failed = remotecommand.status(3)
+    assert failed["reason"] == "NonZeroExitCode"
+    assert failed["details"]["causes"] == [{"reason": "ExitCode", "message": "3"}]
+    assert remotecommand.status(None, "pod gone")["message"] == "pod gone"
+
+
+class Chunks:
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+
+    async def read(self) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+@pytest.mark.asyncio
+async def test_resize_messages_may_be_split_or_joined() -> None:
+    stream: Any = Chunks(b'{"Width":80,"Hei', b'ght":24}\n{"Width":100,"Height":30}{"Width"', b':1,"Height":2}')
+    sizes = [s async for s in remotecommand._resizes(stream)]
+    assert sizes == [TermSize(80, 24), TermSize(100, 30), TermSize(1, 2)]
+    await asyncio.sleep(0)

@@ -1,0 +1,158 @@
+"""`/exec` on the kubelet port: the remote-command protocol over SPDY/3.1, as a kubelet speaks it
+to the kube-apiserver (which translates kubectl's WebSockets to it, or passes kubectl's SPDY on).
+
+The request names the command (`command`, repeated) and the streams (`input`, `output`,
+`error`, `tty`) and offers protocol versions in `X-Stream-Protocol-Version`; we answer 101 with
+the newest we speak (v4.channel.k8s.io; v5 clients fall back to it as they do with a real
+kubelet). The peer then opens one stream per channel, each named by its `streamtype` header:
+`error`, `stdin`, `stdout`, `stderr` (not with a tty) and `resize` (with a tty, JSON
+`{"Width":..,"Height":..}` messages). When the command ends, the error stream carries a
+metav1.Status: Success, or Failure with reason NonZeroExitCode and the exit code as a cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from vkprovider.httpapi.spdysession import Session, Stream, StreamReset
+from vkprovider.provider import ExecProvider, ExecStreams, ProviderError, TermSize
+
+#: Newest first; what a real kubelet speaks (v5 is a client-side refinement of v4).
+PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
+STREAM_WAIT = 30.0  # seconds the peer has to open every stream it asked for (as the kubelet)
+
+
+def _flag(query: Any, name: str) -> bool:
+    return str(query.get(name, "")).lower() in ("1", "true")
+
+
+def offered(request: web.Request) -> list[str]:
+    out: list[str] = []
+    for value in request.headers.getall("X-Stream-Protocol-Version", []):
+        out += [v.strip() for v in value.split(",") if v.strip()]
+    return out
+
+
+def choose(offers: list[str]) -> str | None:
+    return next((p for p in PROTOCOLS if p in offers), None)
+
+
+def status(exit_code: int | None, message: str = "") -> dict[str, Any]:
+    """The metav1.Status a v4 client reads from the error stream."""
+    if exit_code == 0:
+        return {"metadata": {}, "status": "Success"}
+    if exit_code is None:
+        return {"metadata": {}, "status": "Failure", "message": message, "reason": "InternalError"}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": f"command terminated with non-zero exit code: exit status {exit_code}",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(exit_code)}]},
+    }
+
+
+class _Writer:
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    async def write(self, data: bytes) -> None:
+        await self._stream.write(data)
+
+
+async def _resizes(stream: Stream) -> AsyncIterator[TermSize]:
+    decoder = json.JSONDecoder()
+    buffer = ""
+    while True:
+        chunk = await stream.read()
+        if not chunk:
+            return
+        buffer += chunk.decode(errors="replace")
+        while buffer.strip():
+            try:
+                value, end = decoder.raw_decode(buffer.lstrip())
+            except ValueError:
+                break  # an incomplete message: wait for more
+            buffer = buffer.lstrip()[end:]
+            if isinstance(value, dict):
+                yield TermSize(width=int(value.get("Width") or 0), height=int(value.get("Height") or 0))
+
+
+async def serve_exec(request: web.Request, provider: object) -> web.StreamResponse:
+    if not isinstance(provider, ExecProvider):
+        return web.Response(status=501, text="this provider does not run commands in containers\n")
+    if "spdy/3.1" not in request.headers.get("Upgrade", "").lower():
+        return web.Response(status=400, text="exec needs an upgrade to SPDY/3.1\n")
+    protocol = choose(offered(request))
+    if protocol is None:
+        wanted = ", ".join(PROTOCOLS)
+        return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {wanted}\n")
+    query = request.query
+    command = query.getall("command", [])
+    if not command:
+        return web.Response(status=400, text="no command given\n")
+    tty = _flag(query, "tty")
+    wants = {"error"}
+    if _flag(query, "input"):
+        wants.add("stdin")
+    if _flag(query, "output"):
+        wants.add("stdout")
+    if _flag(query, "error") and not tty:
+        wants.add("stderr")
+    if tty and protocol not in {"channel.k8s.io", "v2.channel.k8s.io"}:
+        wants.add("resize")
+    response = web.StreamResponse(
+        status=101,
+        headers={"Connection": "Upgrade", "Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": protocol},
+    )
+    response.force_close()
+    await response.prepare(request)
+    assert request.transport is not None
+    session = Session.attach(request.protocol, request.transport, response.write)
+    try:
+        streams = await _collect(session, wants)
+        if streams is None:
+            return response
+        namespace, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
+        io = ExecStreams(
+            stdin=streams.get("stdin"),
+            stdout=_Writer(streams["stdout"]) if "stdout" in streams else None,
+            stderr=_Writer(streams["stderr"]) if "stderr" in streams else None,
+            tty=tty,
+            resizes=_resizes(streams["resize"]) if "resize" in streams else None,
+        )
+        try:
+            code: int | None = await provider.exec_in_container(namespace, pod, container, command, io)
+            message = ""
+        except (ProviderError, StreamReset) as exc:
+            code, message = None, str(exc)
+        for kind in ("stdout", "stderr"):
+            if kind in streams:
+                await streams[kind].close()
+        with contextlib.suppress(StreamReset):
+            if protocol == PROTOCOLS[0]:
+                await streams["error"].write(json.dumps(status(code, message)).encode())
+            elif code != 0:  # before v4: the error's text alone
+                await streams["error"].write((message or status(code)["message"]).encode())
+            await streams["error"].close()
+    finally:  # closing the transport still sends what it holds
+        session.close()
+    return response
+
+
+async def _collect(session: Session, wants: set[str]) -> dict[str, Stream] | None:
+    streams: dict[str, Stream] = {}
+    deadline = asyncio.get_running_loop().time() + STREAM_WAIT
+    while not wants <= set(streams):
+        left = deadline - asyncio.get_running_loop().time()
+        stream = await session.next_stream(max(left, 0.0)) if left > 0 else None
+        if stream is None:
+            return None
+        streams[stream.kind] = stream
+    return streams
