@@ -216,15 +216,17 @@ def controller_manager_argv(*, binary: Path, files: ClusterFiles, port: int) -> 
     ]
 
 
-def kwok_debug_config(log: Path) -> str:
+def kwok_debug_config(log: Path, workdir: Path) -> str:
     """What KWOK's kubelet server answers for every pod it runs: `pods/log` and `attach` read
-    `log`. No exec and no port-forward are configured: the server listens on all addresses (the
-    nodes' loopback IPs are not its own), and exec would run commands on this machine."""
+    `log`; `exec` runs the command on this machine in `workdir` (the server listens on loopback
+    only, where every simulated node is)."""
     return (
         "apiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterLogs\nmetadata: {name: lab-logs}\n"
         f"spec:\n  logs:\n  - logsFile: {log}\n    previousLogsFile: {log}\n    follow: true\n"
         "---\napiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterAttach\nmetadata: {name: lab-attach}\n"
         f"spec:\n  attaches:\n  - logsFile: {log}\n"
+        "---\napiVersion: kwok.x-k8s.io/v1alpha1\nkind: ClusterExec\nmetadata: {name: lab-exec}\n"
+        f"spec:\n  execs:\n  - local:\n      workDir: {workdir}\n"
     )
 
 
@@ -240,7 +242,6 @@ def kwok_argv(
         f"--config={stages}",
         "--node-lease-duration-seconds=40",
         f"--cidr={pod_cidr}",
-        # All addresses: the apiserver dials a node at its own loopback IP (127.10x...).
-        f"--server-address=0.0.0.0:{port}",
+        f"--server-address=127.0.0.1:{port}",
         *([f"--config={debug}"] if debug else []),
     ]

@@ -100,8 +100,10 @@ def _write_kwok_debug(root: Path, cluster: str) -> Path:
     log = kwok_log_file(root, cluster)
     if not log.exists():
         log.write_text("".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {cluster} lab line {i}\n" for i in range(3)))
+    workdir = root / "clusters" / cluster / "exec"
+    workdir.mkdir(exist_ok=True)
     path = root / "clusters" / cluster / "kwok-debug.yaml"
-    path.write_text(components.kwok_debug_config(log))
+    path.write_text(components.kwok_debug_config(log, workdir))
     return path
 
 

@@ -67,9 +67,11 @@ def network_pod(cluster: str, index: int) -> str:
 
 
 def node_ip(member_index: int, index: int) -> str:
-    # Loopback addresses: a connection to a node (the apiserver proxying `kubectl logs`) never
-    # leaves the host; KWOK's kubelet server, listening on all addresses, answers it.
-    return f"127.{100 + member_index}.{index // 250}.{index % 250 + 1}"
+    # Every simulated node is at 127.0.0.1: the apiserver proxies `kubectl logs` and `exec` to a
+    # node's address and port (daemonEndpoints), where KWOK's kubelet server listens for all of
+    # them. It listens on loopback only: it runs commands on this machine for `exec`.
+    del member_index, index
+    return "127.0.0.1"
 
 
 def resources(profile: Profile) -> tuple[dict[str, str], dict[str, str]]:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from federation.dispatch import Dispatcher
-from vkprovider.kube import ApiError, Forbidden, NotFound
+from vkprovider.kube import ApiError, Forbidden, KubeClient, NotFound
 from vkprovider.provider import LogOptions, ProviderError
 
 
@@ -47,10 +47,9 @@ def _gone_message(key: str, dispatcher: Dispatcher) -> str:
     return f"the member pod of {key} is gone ({why.cause}: {why.message}); its log went with it"
 
 
-async def stream(
-    dispatcher: Dispatcher, namespace: str, name: str, container: str, options: LogOptions
-) -> AsyncIterator[bytes]:
-    key = f"{namespace}/{name}"
+def locate(dispatcher: Dispatcher, key: str, doing: str) -> tuple[str, str, KubeClient]:
+    """(member, the member pod's path, a client of the member) for the front-end pod `key`;
+    ProviderError saying why `doing` cannot be done now (shared with federation.memberexec)."""
     found = dispatcher.member_pod(key)
     if found is None:
         raise ProviderError(_gone_message(key, dispatcher))
@@ -58,9 +57,17 @@ async def stream(
     pods = dispatcher.pods_in(member)
     client = pods.client if pods is not None else None
     if client is None:
-        raise ProviderError(f"member {member} is not connected; the log of {key} cannot be read now")
+        raise ProviderError(f"member {member} is not connected; cannot {doing} for {key} now")
     meta: dict[str, Any] = member_pod["metadata"]
-    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log"
+    return member, f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", client
+
+
+async def stream(
+    dispatcher: Dispatcher, namespace: str, name: str, container: str, options: LogOptions
+) -> AsyncIterator[bytes]:
+    key = f"{namespace}/{name}"
+    member, pod_path, client = locate(dispatcher, key, "read the log")
+    path = f"{pod_path}/log"
     try:
         async for chunk in client.stream(path, params=log_params(container, options), opened=True):
             yield chunk

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import yaml
 from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, memberlogs, outages, podsecurity, quantities, routing
+from federation import capacity, forge, memberexec, memberlogs, outages, podsecurity, quantities, routing
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
@@ -38,7 +38,7 @@ from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
-from vkprovider.provider import LogOptions, NodeStatus, PodChanged, ProviderError, ProviderNotFound
+from vkprovider.provider import ExecStreams, LogOptions, NodeStatus, PodChanged, ProviderError, ProviderNotFound
 from vkprovider.settings import SettingsError
 
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
@@ -790,6 +790,12 @@ class FederationProvider:
         """The member pod's log, relayed as it arrives (federation.memberlogs)."""
         async for chunk in memberlogs.stream(self.dispatcher, namespace, name, container, options):
             yield chunk
+
+    async def exec_in_container(
+        self, namespace: str, name: str, container: str, command: list[str], streams: ExecStreams
+    ) -> int:
+        """The command runs in the member pod (federation.memberexec)."""
+        return await memberexec.run(self.dispatcher, namespace, name, container, command, streams)
 
     def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
         return {forge.MEMBER: self.dispatcher.pin_of(f"{namespace}/{name}")}

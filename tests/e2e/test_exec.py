@@ -1,7 +1,8 @@
-"""`kubectl exec` on a pod of the virtual node, through the real front-end apiserver (issue 12,
-part 1): kubectl speaks WebSockets to the apiserver, which translates them to SPDY/3.1 toward
-our kubelet port (the virtual node does not declare ExtendWebSocketsToKubelet); the in-memory
-provider runs its built-in commands (vkprovider.minishell)."""
+"""`kubectl exec` on a pod of the virtual node, through the real front-end apiserver (issue 12):
+kubectl speaks WebSockets to the apiserver, which translates them to SPDY/3.1 toward our kubelet
+port (the virtual node does not declare ExtendWebSocketsToKubelet). The in-memory provider runs
+its built-in commands (vkprovider.minishell); the federation provider runs the command in the
+member pod through the member's pods/exec."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ import struct
 import subprocess
 import termios
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.fixtures import Lab
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace
+from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.test_member_logs import kubectl
+from tests.e2e.test_outages import member_pods, plain_pod, start_provider
 from tests.e2e.test_runtime import running, vk_pod
 from vkprovider.kube import KubeClient
 
@@ -108,3 +112,46 @@ async def test_kubectl_exec_streams_both_ways_and_reports_the_exit_code(lab: Lab
         assert "40 120" in said_tty, said_tty
     finally:
         await delete_namespace(offline, ns)
+
+
+async def test_kubectl_exec_runs_in_the_member_pod(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
+    """A federation pod: the command runs in its member pod (the lab's KWOK runs it on this
+    machine), through the member's pods/exec over a WebSocket."""
+    proc = federation_vk(lab, tmp_path, ["member-1"])
+    await start_provider(proc, 1)
+    ns = await make_namespace(offline, f"mexec-{uuid.uuid4().hex[:6]}")
+    try:
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", plain_pod("worker", proc.node))
+        await eventually(lambda: running(offline, ns, 1), timeout=60, what="the pod running in member-1")
+
+        script = ["sh", "-c", "echo out; echo err >&2; exit 3"]
+        said = subprocess.run(
+            exec_argv(lab, ns, "worker", "--", *script), capture_output=True, text=True, timeout=60, check=False
+        )
+        # As the member's own kubectl says it: KWOK v0.8.0 reports a command's exit status as an
+        # error message, not as a NonZeroExitCode status (a kubelet does; unit-tested), so both
+        # exit 1 here.
+        member_pod = (await member_pods(lab, "member-1", ns))["worker"]["metadata"]
+        direct = subprocess.run(
+            [*kubectl(lab, "member-1", member_pod["namespace"]), "exec", member_pod["name"], "--", *script],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert said.stdout == direct.stdout == "out\n"
+        assert said.stderr.splitlines()[0] == direct.stderr.splitlines()[0] == "err"
+        assert said.returncode == direct.returncode != 0 and "exit status 3" in said.stderr, said
+
+        data = os.urandom(5 * 1024 * 1024)
+        # KWOK v0.8.0 never closes a command's stdin (the member's own kubectl exec -i hangs
+        # the same), so the command reads exactly the bytes sent instead of to the end.
+        piped = subprocess.run(
+            exec_argv(lab, ns, "-i", "worker", "--", "sh", "-c", f"head -c {len(data)} | sha256sum"),
+            input=data, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert piped.returncode == 0, piped.stderr
+        assert piped.stdout.decode().split()[0] == hashlib.sha256(data).hexdigest()
+
+        said_tty = await asyncio.to_thread(in_terminal, exec_argv(lab, ns, "-it", "worker", "--", "stty", "size"))
+        assert "40 120" in said_tty, said_tty
+    finally:
+        await delete_namespace(offline, ns)
+        proc.ensure_stopped()

@@ -41,3 +41,21 @@ async def test_resize_messages_may_be_split_or_joined() -> None:
     sizes = [s async for s in remotecommand._resizes(stream)]
     assert sizes == [TermSize(80, 24), TermSize(100, 30), TermSize(1, 2)]
     await asyncio.sleep(0)
+
+
+def test_a_members_exit_status_becomes_the_exit_code() -> None:
+    from federation.memberexec import exec_query, exit_code
+    from vkprovider.provider import ExecStreams, ProviderError
+
+    assert exit_code({}) == 0 and exit_code({"status": "Success"}) == 0
+    assert exit_code(remotecommand.status(3)) == 3
+    with pytest.raises(ProviderError, match="cmd wait"):
+        exit_code({"status": "Failure", "reason": "InternalError", "message": "cmd wait: exit status 3"})
+    streams = ExecStreams(stdin=None, stdout=None, stderr=None, tty=True)
+    assert exec_query("c", ["sh", "-c", "x"], streams) == [
+        ("container", "c"),
+        ("command", "sh"),
+        ("command", "-c"),
+        ("command", "x"),
+        ("tty", "true"),
+    ]

@@ -13,6 +13,7 @@ from a plugin gives a new SSL context (new connections; open ones keep their TLS
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 from collections import Counter
@@ -261,6 +262,34 @@ class KubeClient:
                 yield b""
             async for chunk in resp.content.iter_any():
                 yield chunk
+
+    @contextlib.asynccontextmanager
+    async def websocket(
+        self, path: str, *, query: builtins.list[tuple[str, str]], protocols: tuple[str, ...]
+    ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        """A WebSocket to the apiserver (pods/exec, pods/attach), `query` with repeated keys
+        (`command`). The apiserver's refusal raises as any answer would (Forbidden, NotFound);
+        a connection that cannot be opened is Unreachable."""
+        self.calls["GET"] += 1
+        token, _ = await self._credentials()
+        try:
+            ws = await self._session.ws_connect(
+                self.server + path,
+                params=query,
+                headers=self._headers(token),
+                protocols=protocols,
+                ssl=self._ssl,
+                max_msg_size=0,
+                timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            raise error_for(exc.status, None, exc.message) from exc
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise self._unreachable(f"WEBSOCKET {self.server}{path}: {exc!r}") from exc
+        try:
+            yield ws
+        finally:
+            await ws.close()
 
     @contextlib.asynccontextmanager
     async def _streaming(

@@ -1,0 +1,122 @@
+"""`kubectl exec` into a pod of the virtual node: the command runs in its member pod, through
+the member's `pods/exec` over a WebSocket (v5.channel.k8s.io, else v4), bridged to the streams
+the front-end apiserver opened on our kubelet port.
+
+Each WebSocket message is one channel's bytes, the channel in its first byte: 0 stdin, 1
+stdout, 2 stderr, 3 the error channel (a metav1.Status when the command ends), 4 terminal
+resizes (JSON), and in v5 255 to close a channel (our stdin's end). Back-pressure holds both
+ways: a front-end stream that is slow to take output stops us reading the WebSocket (aiohttp
+then stops reading its socket), and stdin is read only as fast as the member takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import aiohttp
+
+from federation import memberlogs
+from federation.dispatch import Dispatcher
+from vkprovider.kube import ApiError, Forbidden, NotFound
+from vkprovider.provider import ExecStreams, ProviderError
+
+V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
+STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
+CHUNK = 32 * 1024
+
+
+def exec_query(container: str, command: list[str], streams: ExecStreams) -> list[tuple[str, str]]:
+    query = [("container", container)] + [("command", part) for part in command]
+    for name, wanted in (
+        ("stdin", streams.stdin is not None),
+        ("stdout", streams.stdout is not None),
+        ("stderr", streams.stderr is not None),
+        ("tty", streams.tty),
+    ):
+        if wanted:
+            query.append((name, "true"))
+    return query
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    """The command's exit status from the error channel's metav1.Status; ProviderError when the
+    member could not run it at all."""
+    if not status or status.get("status") == "Success":
+        return 0
+    if status.get("reason") == "NonZeroExitCode":
+        for cause in (status.get("details") or {}).get("causes") or []:
+            if cause.get("reason") == "ExitCode":
+                with contextlib.suppress(ValueError):
+                    return int(cause.get("message", ""))
+    raise ProviderError(str(status.get("message") or status))
+
+
+async def run(
+    dispatcher: Dispatcher, namespace: str, name: str, container: str, command: list[str], streams: ExecStreams
+) -> int:
+    key = f"{namespace}/{name}"
+    member, pod_path, client = memberlogs.locate(dispatcher, key, "run a command")
+    path = f"{pod_path}/exec"
+    try:
+        async with client.websocket(path, query=exec_query(container, command, streams), protocols=(V5, V4)) as ws:
+            return await _bridge(ws, streams, key)
+    except Forbidden as exc:
+        raise ProviderError(f"member {member} refuses pods/exec to this provider: {exc}") from exc
+    except NotFound as exc:
+        raise ProviderError(f"the member pod of {key} in {member} is gone: {exc}") from exc
+    except ApiError as exc:
+        raise ProviderError(f"member {member}: cannot run a command in {key}: {exc}") from exc
+
+
+async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key: str) -> int:
+    v5 = ws.protocol == V5
+
+    async def pump_stdin() -> None:
+        assert streams.stdin is not None
+        while chunk := await streams.stdin.read():
+            for at in range(0, len(chunk), CHUNK):
+                await ws.send_bytes(bytes([STDIN]) + chunk[at : at + CHUNK])
+        if v5:
+            await ws.send_bytes(bytes([CLOSE, STDIN]))
+
+    async def pump_resizes() -> None:
+        assert streams.resizes is not None
+        async for size in streams.resizes:
+            message = json.dumps({"Width": size.width, "Height": size.height}).encode()
+            await ws.send_bytes(bytes([RESIZE]) + message)
+
+    tasks: list[asyncio.Task[None]] = []
+    if streams.stdin is not None:
+        tasks.append(asyncio.create_task(pump_stdin(), name=f"exec-stdin {key}"))
+    if streams.resizes is not None:
+        tasks.append(asyncio.create_task(pump_resizes(), name=f"exec-resize {key}"))
+    status = b""
+    try:
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.BINARY or not message.data:
+                continue
+            channel, data = message.data[0], message.data[1:]
+            if not data:
+                continue
+            if channel == STDOUT and streams.stdout is not None:
+                await streams.stdout.write(data)
+            elif channel == STDERR and streams.stderr is not None:
+                await streams.stderr.write(data)
+            elif channel == ERROR:
+                status += data
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, ConnectionError):
+                await task
+    if not status and ws.close_code != aiohttp.WSCloseCode.OK:
+        raise ProviderError(f"the connection to the member ended before the command did (code {ws.close_code})")
+    try:
+        decoded = json.loads(status) if status else {}
+    except ValueError:
+        raise ProviderError(f"the member's exec answered {status[:200]!r}") from None
+    return exit_code(decoded)
