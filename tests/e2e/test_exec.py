@@ -23,6 +23,7 @@ import pytest
 
 from e2e.fixtures import Lab
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace
+from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.test_member_logs import kubectl
 from tests.e2e.test_outages import member_pods, plain_pod, start_provider
@@ -153,5 +154,6 @@ async def test_kubectl_exec_runs_in_the_member_pod(lab: Lab, offline: KubeClient
         said_tty = await asyncio.to_thread(in_terminal, exec_argv(lab, ns, "-it", "worker", "--", "stty", "size"))
         assert "40 120" in said_tty, said_tty
     finally:
-        await delete_namespace(offline, ns)
-        proc.ensure_stopped()
+        # The provider deletes the member pod before it stops: an orphan left Running in member-1
+        # would be counted against the next test's capacity.
+        await cleanup_and_stop(lab, offline, ns, proc)

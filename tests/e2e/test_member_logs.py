@@ -17,7 +17,8 @@ import pytest
 from e2e import binaries
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import eventually, make_namespace, pods
+from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.test_outages import member_pods, plain_pod, start_provider
 from vkprovider.kube import KubeClient
@@ -100,5 +101,4 @@ async def test_kubectl_logs_of_a_member_pod_answer_as_the_member_does(
         gone = run(front)
         assert gone.returncode != 0 and "member pod" in gone.stderr, gone.stderr
     finally:
-        await delete_namespace(offline, ns)
-        proc.ensure_stopped()
+        await cleanup_and_stop(lab, offline, ns, proc)
