@@ -31,10 +31,8 @@ from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import bands, disruption, forge, hybrid, outages, placement, podsecurity, reflect
-from federation import tenancy as tenancy_mod
+from federation import disruption, forge, hybrid, outages, placement, podsecurity, reflect
 from federation.capacity import MemberCapacity
-from federation.config import TenancyConfig
 from federation.inventory import pod_requests
 from federation.jobs import (
     GROUP_RESOURCES,
@@ -44,6 +42,7 @@ from federation.jobs import (
     job_of,
     role_of,
 )
+from federation.membernamespaces import MemberNamespaces
 from federation.nativepods import NativePods
 from vkprovider import logs
 from vkprovider.events import EventRecorder
@@ -52,13 +51,10 @@ from vkprovider.kube import (
     ApiError,
     ClusterAccess,
     Conflict,
-    Forbidden,
     Gone,
     KubeClient,
     NotFound,
     WriteFence,
-    ensure_namespace,
-    wait_for_account,
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status
@@ -307,7 +303,7 @@ class Dispatcher:
         self.front: KubeClient | None = None
         self.events: EventRecorder | None = None
         self._services: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        self._priority_classes: set[str] = set()
+        self.member_namespaces = MemberNamespaces()
         self._log = logs.get("dispatch", instance=instance)
 
     # -- lookups ---------------------------------------------------------------------------------
@@ -348,63 +344,9 @@ class Dispatcher:
     # -- member-side writes ----------------------------------------------------------------------
 
     async def _ensure_member_basics(self, member: str, client: KubeClient, namespace: str) -> None:
-        config = self._members()[member].config
-        level = config.pod_security
         pods = self.pods_in(member)
-        if pods is not None and pods.namespaces.get(namespace) == level:
-            return
-        account = config.service_account
-        tenancy = config.tenancy
-        if tenancy is not None:
-            # Onboarding made the PriorityClasses; the tenant's account may not.
-            await self._ensure_tenant_namespace(client, namespace, tenancy, level)
-            if not await wait_for_account(client, namespace, account, timeout=15.0):
-                raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
-            if pods is not None:
-                pods.namespaces[namespace] = level
-            return
-        if member not in self._priority_classes:
-            reclaim = config.reclaim
-            for body in bands.priority_classes(
-                threshold=reclaim.online_threshold, offline_preemption=reclaim.offline_preemption
-            ):
-                with contextlib.suppress(AlreadyExists):
-                    await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
-            self._priority_classes.add(member)
-        # Ours from before (or labelled for another level) are relabelled; a namespace someone
-        # else made in the member keeps its own labels.
-        labels = {forge.MANAGED: "true", **podsecurity.namespace_labels(level)}
-        if not await ensure_namespace(
-            client, namespace, labels=labels, owned_by=forge.MANAGED, service_account=account
-        ):
-            raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
-        if pods is not None:
-            pods.namespaces[namespace] = level
-
-    async def _ensure_tenant_namespace(
-        self, client: KubeClient, namespace: str, tenancy: TenancyConfig, level: podsecurity.Level
-    ) -> None:
-        """A tenant's provider has no rights in a namespace until it binds its role there
-        (federation.tenancy): namespace first, then the RoleBinding, then the quota."""
-        labels = {forge.MANAGED: "true", tenancy_mod.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
-        try:
-            try:
-                await client.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": labels}})
-            except AlreadyExists:
-                # No read on namespaces (other tenants' names are not ours to see): patch blind;
-                # the member's policy refuses it if the namespace is not this tenant's.
-                await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": labels}})
-        except Forbidden as exc:
-            raise ProviderError(f"namespace {namespace} refused for tenant {tenancy.tenant}: {exc}") from exc
-        binding = tenancy_mod.role_binding(tenancy.tenant, namespace)
-        binding["roleRef"]["name"] = tenancy.cluster_role
-        binding["subjects"] = [{"kind": "ServiceAccount", **tenancy.service_account.model_dump()}]
-        with contextlib.suppress(AlreadyExists):
-            await client.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", binding)
-        if tenancy.quota:
-            quota = tenancy_mod.resource_quota(tenancy.tenant, namespace, tenancy.quota)
-            with contextlib.suppress(AlreadyExists):
-                await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
+        known = pods.namespaces if pods is not None else None
+        await self.member_namespaces.ensure(member, self._members()[member].config, client, namespace, known)
 
     async def _create_member_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool = True) -> None:
         entry = self._members()[member]

@@ -29,7 +29,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,6 @@ class Clusters:
     member: KubeClient
     front: KubeClient
     member_access: ClusterAccess
-    notes: list[str] = field(default_factory=list)
 
 
 async def _reach(client: KubeClient, what: str, where: str) -> None:

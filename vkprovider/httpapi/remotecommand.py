@@ -58,14 +58,6 @@ def status(exit_code: int | None, message: str = "") -> dict[str, Any]:
     }
 
 
-class _Writer:
-    def __init__(self, stream: Stream) -> None:
-        self._stream = stream
-
-    async def write(self, data: bytes) -> None:
-        await self._stream.write(data)
-
-
 async def _resizes(stream: Stream) -> AsyncIterator[TermSize]:
     decoder = json.JSONDecoder()
     buffer = ""
@@ -122,8 +114,8 @@ async def serve_exec(request: web.Request, provider: object) -> web.StreamRespon
         namespace, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
         io = ExecStreams(
             stdin=streams.get("stdin"),
-            stdout=_Writer(streams["stdout"]) if "stdout" in streams else None,
-            stderr=_Writer(streams["stderr"]) if "stderr" in streams else None,
+            stdout=streams.get("stdout"),
+            stderr=streams.get("stderr"),
             tty=tty,
             resizes=_resizes(streams["resize"]) if "resize" in streams else None,
         )

@@ -118,7 +118,6 @@ class Session:
         self._paused = False
         self.closed = False
         self.error = ""
-        self._write_lock = asyncio.Lock()
 
     @classmethod
     def attach(
@@ -188,9 +187,8 @@ class Session:
     async def _send(self, frame: spdy.Frame) -> None:
         if self.closed or self._transport.is_closing():
             raise StreamReset(f"session closed: {self.error or 'closed'}")
-        async with self._write_lock:  # the encoder's compression context is the connection's
-            data = self._encoder.encode(frame)
-        await self._send_bytes(data)
+        # Encoding is synchronous: frames reach the shared compression context in send order.
+        await self._send_bytes(self._encoder.encode(frame))
 
     # -- lifetime --------------------------------------------------------------------------------
 

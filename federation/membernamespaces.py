@@ -1,0 +1,90 @@
+"""Member namespaces ready for our pods: the offline PriorityClasses, the namespace with its Pod
+Security labels, its service account, and for a tenant (federation.tenancy) the RoleBinding
+that gives the provider its rights there and the tenant's quota, in that order.
+
+Done once per member namespace and level; `known` (the member's cache, namespace -> level)
+remembers what is done, so a pod's create costs no request here once its namespace is ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from federation import bands, forge, podsecurity
+from federation import tenancy as tenancy_mod
+from federation.config import MemberConfig, TenancyConfig
+from vkprovider.kube import AlreadyExists, Forbidden, KubeClient, ensure_namespace, wait_for_account
+from vkprovider.provider import ProviderError
+
+ACCOUNT_WAIT = 15.0
+
+
+class MemberNamespaces:
+    def __init__(self) -> None:
+        self._priority_classes: set[str] = set()  # members whose classes this run created
+
+    async def ensure(
+        self,
+        member: str,
+        config: MemberConfig,
+        client: KubeClient,
+        namespace: str,
+        known: dict[str, str] | None,
+    ) -> None:
+        level = config.pod_security
+        if known is not None and known.get(namespace) == level:
+            return
+        account = config.service_account
+        if config.tenancy is not None:
+            # Onboarding made the PriorityClasses; the tenant's account may not.
+            await self._tenant_namespace(client, namespace, config.tenancy, level)
+            ready = await wait_for_account(client, namespace, account, timeout=ACCOUNT_WAIT)
+        else:
+            await self._priority_classes_of(member, config, client)
+            # Ours from before (or labelled for another level) are relabelled; a namespace
+            # someone else made in the member keeps its own labels.
+            labels = {forge.MANAGED: "true", **podsecurity.namespace_labels(level)}
+            ready = await ensure_namespace(
+                client, namespace, labels=labels, owned_by=forge.MANAGED, service_account=account
+            )
+        if not ready:
+            raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
+        if known is not None:
+            known[namespace] = level
+
+    async def _priority_classes_of(self, member: str, config: MemberConfig, client: KubeClient) -> None:
+        if member in self._priority_classes:
+            return
+        reclaim = config.reclaim
+        for body in bands.priority_classes(
+            threshold=reclaim.online_threshold, offline_preemption=reclaim.offline_preemption
+        ):
+            with contextlib.suppress(AlreadyExists):
+                await client.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
+        self._priority_classes.add(member)
+
+    @staticmethod
+    async def _tenant_namespace(
+        client: KubeClient, namespace: str, tenancy: TenancyConfig, level: podsecurity.Level
+    ) -> None:
+        """A tenant's provider has no rights in a namespace until it binds its role there
+        (federation.tenancy): namespace first, then the RoleBinding, then the quota."""
+        labels = {forge.MANAGED: "true", tenancy_mod.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
+        try:
+            try:
+                await client.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": labels}})
+            except AlreadyExists:
+                # No read on namespaces (other tenants' names are not ours to see): patch blind;
+                # the member's policy refuses it if the namespace is not this tenant's.
+                await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": labels}})
+        except Forbidden as exc:
+            raise ProviderError(f"namespace {namespace} refused for tenant {tenancy.tenant}: {exc}") from exc
+        binding = tenancy_mod.role_binding(tenancy.tenant, namespace)
+        binding["roleRef"]["name"] = tenancy.cluster_role
+        binding["subjects"] = [{"kind": "ServiceAccount", **tenancy.service_account.model_dump()}]
+        with contextlib.suppress(AlreadyExists):
+            await client.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", binding)
+        if tenancy.quota:
+            quota = tenancy_mod.resource_quota(tenancy.tenant, namespace, tenancy.quota)
+            with contextlib.suppress(AlreadyExists):
+                await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
