@@ -7,6 +7,7 @@ gang-scheduling gates).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ FEATURE_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true"
 SERVICE_CIDR = "10.96.0.0/16"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+#: Commands KWOK runs in its simulated containers find these first (e2e/kwok/bin/tar).
+KWOK_TOOLS = Path(__file__).parent / "kwok" / "bin"
 
 CONTROLLERS = (
     "namespace-controller",
@@ -233,7 +236,12 @@ def kwok_debug_config(log: Path, workdir: Path) -> str:
 def kwok_argv(
     *, binary: Path, files: ClusterFiles, stages: Path, pod_cidr: str, port: int, debug: Path | None = None
 ) -> list[str]:
+    # The lab's tar first on the PATH of the commands KWOK runs (see e2e/kwok/bin/tar); `env`
+    # execs KWOK, so the process is KWOK's.
+    path = f"PATH={KWOK_TOOLS}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
     return [
+        "/usr/bin/env",
+        path,
         str(binary),
         f"--kubeconfig={files.kubeconfig}",
         "--manage-all-nodes=false",
@@ -244,4 +252,6 @@ def kwok_argv(
         f"--cidr={pod_cidr}",
         f"--server-address=127.0.0.1:{port}",
         *([f"--config={debug}"] if debug else []),
+        # Port-forwards come from ClusterPortForward objects a test creates (e2e/crds).
+        *(["--enable-crds=ClusterPortForward"] if debug else []),
     ]

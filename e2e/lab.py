@@ -96,11 +96,17 @@ def kwok_log_file(root: Path, cluster: str) -> Path:
     return root / "clusters" / cluster / "containers.log"
 
 
+def kwok_exec_dir(root: Path, cluster: str) -> Path:
+    """Where the commands `kubectl exec` runs in a pod of `cluster` start (KWOK runs them on this
+    machine): relative paths in the pod are relative to it."""
+    return root / "clusters" / cluster / "exec"
+
+
 def _write_kwok_debug(root: Path, cluster: str) -> Path:
     log = kwok_log_file(root, cluster)
     if not log.exists():
         log.write_text("".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {cluster} lab line {i}\n" for i in range(3)))
-    workdir = root / "clusters" / cluster / "exec"
+    workdir = kwok_exec_dir(root, cluster)
     workdir.mkdir(exist_ok=True)
     path = root / "clusters" / cluster / "kwok-debug.yaml"
     path.write_text(components.kwok_debug_config(log, workdir))

@@ -127,6 +127,18 @@ class MemberConfig(_Model):
     tenancy: TenancyConfig | None = Field(None, description="Set when the member was joined by `vkprovider onboard`.")
 
 
+class StreamingConfig(_Model):
+    """Sessions of kubectl exec, attach and port-forward carried to members (federation.memberstreams)."""
+
+    idle_timeout: float = Field(
+        14400.0,
+        gt=0,
+        description="Seconds without traffic either way before a session is closed (as the "
+        "kubelet's streamingConnectionIdleTimeout, 4 h).",
+    )
+    max_duration: float = Field(0.0, ge=0, description="Seconds a session may last at most; 0: no limit.")
+
+
 class RoutingConfig(_Model):
     """The routing webhook (federation.routing, federation.webhook)."""
 
@@ -164,6 +176,7 @@ class FederationConfig(_Model):
         "node.kubernetes.io/unreachable, as unreachable_grace mirrors the node monitor's grace.",
     )
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     orphan_interval: float = Field(
         120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
     )

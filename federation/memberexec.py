@@ -1,6 +1,7 @@
-"""`kubectl exec` into a pod of the virtual node: the command runs in its member pod, through
-the member's `pods/exec` over a WebSocket (v5.channel.k8s.io, else v4), bridged to the streams
-the front-end apiserver opened on our kubelet port.
+"""`kubectl exec` and `kubectl attach` on a pod of the virtual node: the command runs in (or the
+streams attach to) its member pod, through the member's `pods/exec` or `pods/attach` over a
+WebSocket (v5.channel.k8s.io, else v4), bridged to the streams the front-end apiserver opened
+on our kubelet port.
 
 Each WebSocket message is one channel's bytes, the channel in its first byte: 0 stdin, 1
 stdout, 2 stderr, 3 the error channel (a metav1.Status when the command ends), 4 terminal
@@ -18,9 +19,9 @@ from typing import Any
 
 import aiohttp
 
-from federation import memberlogs
+from federation import memberlogs, memberstreams
 from federation.dispatch import Dispatcher
-from vkprovider.kube import ApiError, Forbidden, NotFound
+from federation.memberstreams import Activity, StreamLimits
 from vkprovider.provider import ExecStreams, ProviderError
 
 V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
@@ -28,7 +29,7 @@ STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 CHUNK = 32 * 1024
 
 
-def exec_query(container: str, command: list[str], streams: ExecStreams) -> list[tuple[str, str]]:
+def stream_query(container: str, command: list[str], streams: ExecStreams) -> list[tuple[str, str]]:
     query = [("container", container)] + [("command", part) for part in command]
     for name, wanted in (
         ("stdin", streams.stdin is not None),
@@ -55,28 +56,52 @@ def exit_code(status: dict[str, Any]) -> int:
 
 
 async def run(
-    dispatcher: Dispatcher, namespace: str, name: str, container: str, command: list[str], streams: ExecStreams
+    dispatcher: Dispatcher,
+    namespace: str,
+    name: str,
+    container: str,
+    command: list[str],
+    streams: ExecStreams,
+    limits: StreamLimits,
 ) -> int:
-    key = f"{namespace}/{name}"
-    member, pod_path, client = memberlogs.locate(dispatcher, key, "run a command")
-    path = f"{pod_path}/exec"
-    try:
-        async with client.websocket(path, query=exec_query(container, command, streams), protocols=(V5, V4)) as ws:
-            return await _bridge(ws, streams, key)
-    except Forbidden as exc:
-        raise ProviderError(f"member {member} refuses pods/exec to this provider: {exc}") from exc
-    except NotFound as exc:
-        raise ProviderError(f"the member pod of {key} in {member} is gone: {exc}") from exc
-    except ApiError as exc:
-        raise ProviderError(f"member {member}: cannot run a command in {key}: {exc}") from exc
+    """Run `command` in the member pod; its exit status."""
+    query = stream_query(container, command, streams)
+    return await _open(dispatcher, f"{namespace}/{name}", "exec", query, streams, limits)
 
 
-async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key: str) -> int:
+async def attach(
+    dispatcher: Dispatcher, namespace: str, name: str, container: str, streams: ExecStreams, limits: StreamLimits
+) -> None:
+    """Attach to the member pod's container until either side ends."""
+    await _open(dispatcher, f"{namespace}/{name}", "attach", stream_query(container, [], streams), streams, limits)
+
+
+async def _open(
+    dispatcher: Dispatcher,
+    key: str,
+    subresource: str,
+    query: list[tuple[str, str]],
+    streams: ExecStreams,
+    limits: StreamLimits,
+) -> int:
+    doing = "run a command" if subresource == "exec" else "attach"
+    member, pod_path, client = memberlogs.locate(dispatcher, key, doing)
+    with memberlogs.explained(member, key, subresource, doing):
+        async with (
+            memberstreams.total_limit(limits),
+            client.websocket(f"{pod_path}/{subresource}", query=query, protocols=(V5, V4)) as ws,
+        ):
+            return await _bridge(ws, streams, key, limits)
+
+
+async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key: str, limits: StreamLimits) -> int:
     v5 = ws.protocol == V5
+    activity = Activity()
 
     async def pump_stdin() -> None:
         assert streams.stdin is not None
         while chunk := await streams.stdin.read():
+            activity.touch()
             for at in range(0, len(chunk), CHUNK):
                 await ws.send_bytes(bytes([STDIN]) + chunk[at : at + CHUNK])
         if v5:
@@ -85,6 +110,7 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key
     async def pump_resizes() -> None:
         assert streams.resizes is not None
         async for size in streams.resizes:
+            activity.touch()
             message = json.dumps({"Width": size.width, "Height": size.height}).encode()
             await ws.send_bytes(bytes([RESIZE]) + message)
 
@@ -95,12 +121,7 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key
         tasks.append(asyncio.create_task(pump_resizes(), name=f"exec-resize {key}"))
     status = b""
     try:
-        async for message in ws:
-            if message.type != aiohttp.WSMsgType.BINARY or not message.data:
-                continue
-            channel, data = message.data[0], message.data[1:]
-            if not data:
-                continue
+        async for channel, data in memberstreams.channels(ws, limits, activity):
             if channel == STDOUT and streams.stdout is not None:
                 await streams.stdout.write(data)
             elif channel == STDERR and streams.stderr is not None:

@@ -11,7 +11,8 @@ apiserver passes a kubelet's text on to kubectl for a 5xx, but turns a 404 into 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from federation.dispatch import Dispatcher
@@ -62,18 +63,25 @@ def locate(dispatcher: Dispatcher, key: str, doing: str) -> tuple[str, str, Kube
     return member, f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", client
 
 
+@contextlib.contextmanager
+def explained(member: str, key: str, subresource: str, doing: str) -> Iterator[None]:
+    """The member's refusals as ProviderErrors that say which side failed (shared with
+    federation.memberexec and federation.memberforward)."""
+    try:
+        yield
+    except Forbidden as exc:
+        raise ProviderError(f"member {member} refuses pods/{subresource} to this provider: {exc}") from exc
+    except NotFound as exc:
+        raise ProviderError(f"the member pod of {key} in {member} is gone: {exc}") from exc
+    except ApiError as exc:
+        raise ProviderError(f"member {member}: cannot {doing} for {key}: {exc}") from exc
+
+
 async def stream(
     dispatcher: Dispatcher, namespace: str, name: str, container: str, options: LogOptions
 ) -> AsyncIterator[bytes]:
     key = f"{namespace}/{name}"
     member, pod_path, client = locate(dispatcher, key, "read the log")
-    path = f"{pod_path}/log"
-    try:
-        async for chunk in client.stream(path, params=log_params(container, options), opened=True):
+    with explained(member, key, "log", "read the log"):
+        async for chunk in client.stream(f"{pod_path}/log", params=log_params(container, options), opened=True):
             yield chunk
-    except NotFound as exc:
-        raise ProviderError(f"the member pod of {key} in {member} is gone: {exc}") from exc
-    except Forbidden as exc:
-        raise ProviderError(f"member {member} refuses pods/log to this provider: {exc}") from exc
-    except ApiError as exc:
-        raise ProviderError(f"member {member}: the log of {key} cannot be read: {exc}") from exc

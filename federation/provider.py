@@ -24,12 +24,13 @@ from typing import Any, Protocol
 import yaml
 from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, memberexec, memberlogs, outages, podsecurity, quantities, routing
+from federation import capacity, forge, memberexec, memberforward, memberlogs, outages, podsecurity, quantities, routing
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
 from federation.dispatch import Dispatcher, MemberPods
 from federation.inventory import Inventory
+from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
 from federation.watch import MemberWatcher
 from federation.webhook import RoutingWebhook
@@ -38,7 +39,15 @@ from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
-from vkprovider.provider import ExecStreams, LogOptions, NodeStatus, PodChanged, ProviderError, ProviderNotFound
+from vkprovider.provider import (
+    ByteStream,
+    ExecStreams,
+    LogOptions,
+    NodeStatus,
+    PodChanged,
+    ProviderError,
+    ProviderNotFound,
+)
 from vkprovider.settings import SettingsError
 
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
@@ -235,6 +244,7 @@ class FederationProvider:
     ) -> None:
         self.config = config
         self.node_name = node_name
+        self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
         self.members: dict[str, Member] = {}
         self._node_callbacks: list[Callable[[str], None]] = []
         self._node_set_callbacks: list[Callable[[], None]] = []
@@ -795,7 +805,15 @@ class FederationProvider:
         self, namespace: str, name: str, container: str, command: list[str], streams: ExecStreams
     ) -> int:
         """The command runs in the member pod (federation.memberexec)."""
-        return await memberexec.run(self.dispatcher, namespace, name, container, command, streams)
+        return await memberexec.run(self.dispatcher, namespace, name, container, command, streams, self._stream_limits)
+
+    async def attach_to_container(self, namespace: str, name: str, container: str, streams: ExecStreams) -> None:
+        """The streams attach to the member pod's container (federation.memberexec)."""
+        await memberexec.attach(self.dispatcher, namespace, name, container, streams, self._stream_limits)
+
+    async def port_forward(self, namespace: str, name: str, port: int, stream: ByteStream) -> None:
+        """One forwarded connection to the member pod's port (federation.memberforward)."""
+        await memberforward.forward(self.dispatcher, namespace, name, port, stream, self._stream_limits)
 
     def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
         return {forge.MEMBER: self.dispatcher.pin_of(f"{namespace}/{name}")}

@@ -413,6 +413,39 @@ class MemoryProvider:
             raise ProviderError(f"container {container} of pod {key} is not running")
         return await Shell(streams).run(command)
 
+    async def attach_to_container(self, namespace: str, name: str, container: str, streams: ExecStreams) -> None:
+        """The container's output is its simulated log: new lines as they are written, until the
+        container ends or the client closes its input."""
+        key = f"{namespace}/{name}"
+        record = self._container(key, container)
+        if self._status(record).get("phase") != "Running":
+            raise ProviderError(f"container {container} of pod {key} is not running")
+        out = streams.stdout or streams.stderr
+        lines = self.container_logs(namespace, name, container, LogOptions(follow=True, tail_lines=0))
+
+        async def relay() -> None:
+            async for line in lines:
+                if out is not None:
+                    await out.write(line.replace(b"\n", b"\r\n") if streams.tty else line)
+
+        async def until_input_ends() -> None:
+            assert streams.stdin is not None
+            while await streams.stdin.read():
+                pass  # a simulated process reads nothing
+
+        waits = [asyncio.create_task(relay(), name=f"attach-relay {key}")]
+        if streams.stdin is not None:
+            waits.append(asyncio.create_task(until_input_ends(), name=f"attach-stdin {key}"))
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if (error := task.exception()) is not None:
+                    raise error
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
     async def container_logs(
         self, namespace: str, name: str, container: str, options: LogOptions
     ) -> AsyncIterator[bytes]:

@@ -162,6 +162,37 @@ class ExecProvider(Protocol):
 
 
 @runtime_checkable
+class AttachProvider(Protocol):
+    """Optional: `kubectl attach` to the streams of a container's running process."""
+
+    async def attach_to_container(self, namespace: str, name: str, container: str, streams: ExecStreams) -> None:
+        """Relay the container's output (and the client's input) until either side ends. Raise
+        ProviderNotFound or ProviderError when it cannot attach (the client is told why)."""
+
+
+class ByteStream(Protocol):
+    """One forwarded connection: bytes both ways, each side closing its half."""
+
+    async def read(self) -> bytes:
+        """The next bytes; b"" once the client closed its side."""
+
+    async def write(self, data: bytes) -> None:
+        """Send bytes; waits while the client is slower (back-pressure)."""
+
+    async def close(self) -> None:
+        """We send nothing more."""
+
+
+@runtime_checkable
+class PortForwardProvider(Protocol):
+    """Optional: `kubectl port-forward`, one call per forwarded connection."""
+
+    async def port_forward(self, namespace: str, name: str, port: int, stream: ByteStream) -> None:
+        """Carry `stream` to `port` of the pod until both sides closed. Raise ProviderError
+        when the pod's port cannot be reached (the client is told why)."""
+
+
+@runtime_checkable
 class StatsProvider(Protocol):
     """Optional: resource usage for /stats/summary and /metrics/resource."""
 

@@ -151,7 +151,10 @@ async def test_kubectl_exec_runs_in_the_member_pod(lab: Lab, offline: KubeClient
         assert piped.returncode == 0, piped.stderr
         assert piped.stdout.decode().split()[0] == hashlib.sha256(data).hexdigest()
 
-        said_tty = await asyncio.to_thread(in_terminal, exec_argv(lab, ns, "-it", "worker", "--", "stty", "size"))
+        # KWOK starts the command and applies the first size as it arrives, in parallel (the
+        # member's own kubectl -it races the same), so the command waits a moment first.
+        sized = exec_argv(lab, ns, "-it", "worker", "--", "sh", "-c", "sleep 1; stty size")
+        said_tty = await asyncio.to_thread(in_terminal, sized)
         assert "40 120" in said_tty, said_tty
     finally:
         # The provider deletes the member pod before it stops: an orphan left Running in member-1

@@ -44,7 +44,7 @@ async def test_resize_messages_may_be_split_or_joined() -> None:
 
 
 def test_a_members_exit_status_becomes_the_exit_code() -> None:
-    from federation.memberexec import exec_query, exit_code
+    from federation.memberexec import exit_code, stream_query
     from vkprovider.provider import ExecStreams, ProviderError
 
     assert exit_code({}) == 0 and exit_code({"status": "Success"}) == 0
@@ -52,7 +52,7 @@ def test_a_members_exit_status_becomes_the_exit_code() -> None:
     with pytest.raises(ProviderError, match="cmd wait"):
         exit_code({"status": "Failure", "reason": "InternalError", "message": "cmd wait: exit status 3"})
     streams = ExecStreams(stdin=None, stdout=None, stderr=None, tty=True)
-    assert exec_query("c", ["sh", "-c", "x"], streams) == [
+    assert stream_query("c", ["sh", "-c", "x"], streams) == [
         ("container", "c"),
         ("command", "sh"),
         ("command", "-c"),

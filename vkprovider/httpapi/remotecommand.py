@@ -1,13 +1,15 @@
-"""`/exec` on the kubelet port: the remote-command protocol over SPDY/3.1, as a kubelet speaks it
-to the kube-apiserver (which translates kubectl's WebSockets to it, or passes kubectl's SPDY on).
+"""`/exec` and `/attach` on the kubelet port: the remote-command protocol over SPDY/3.1, as a
+kubelet speaks it to the kube-apiserver (which translates kubectl's WebSockets to it, or passes
+kubectl's SPDY on).
 
-The request names the command (`command`, repeated) and the streams (`input`, `output`,
+The request names the command (`command`, repeated; exec only) and the streams (`input`, `output`,
 `error`, `tty`) and offers protocol versions in `X-Stream-Protocol-Version`; we answer 101 with
 the newest we speak (v4.channel.k8s.io; v5 clients fall back to it as they do with a real
 kubelet). The peer then opens one stream per channel, each named by its `streamtype` header:
 `error`, `stdin`, `stdout`, `stderr` (not with a tty) and `resize` (with a tty, JSON
 `{"Width":..,"Height":..}` messages). When the command ends, the error stream carries a
-metav1.Status: Success, or Failure with reason NonZeroExitCode and the exit code as a cause.
+metav1.Status: Success, or Failure with reason NonZeroExitCode and the exit code as a cause. An
+attach ends with Success when either side goes, as the kubelet's does.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
+from vkprovider.httpapi import spdysession
 from vkprovider.httpapi.spdysession import Session, Stream, StreamReset
-from vkprovider.provider import ExecProvider, ExecStreams, ProviderError, TermSize
+from vkprovider.provider import AttachProvider, ExecProvider, ExecStreams, ProviderError, TermSize
 
 #: Newest first; what a real kubelet speaks (v5 is a client-side refinement of v4).
 PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
@@ -76,18 +79,22 @@ async def _resizes(stream: Stream) -> AsyncIterator[TermSize]:
                 yield TermSize(width=int(value.get("Width") or 0), height=int(value.get("Height") or 0))
 
 
-async def serve_exec(request: web.Request, provider: object) -> web.StreamResponse:
-    if not isinstance(provider, ExecProvider):
+async def serve(request: web.Request, provider: object, *, attach: bool = False) -> web.StreamResponse:
+    """Answer an exec (or, with `attach`, an attach) request."""
+    if attach and not isinstance(provider, AttachProvider):
+        return web.Response(status=501, text="this provider does not attach to containers\n")
+    if not attach and not isinstance(provider, ExecProvider):
         return web.Response(status=501, text="this provider does not run commands in containers\n")
     if "spdy/3.1" not in request.headers.get("Upgrade", "").lower():
-        return web.Response(status=400, text="exec needs an upgrade to SPDY/3.1\n")
+        what = "attach" if attach else "exec"
+        return web.Response(status=400, text=f"{what} needs an upgrade to SPDY/3.1\n")
     protocol = choose(offered(request))
     if protocol is None:
         wanted = ", ".join(PROTOCOLS)
         return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {wanted}\n")
     query = request.query
     command = query.getall("command", [])
-    if not command:
+    if not command and not attach:
         return web.Response(status=400, text="no command given\n")
     tty = _flag(query, "tty")
     wants = {"error"}
@@ -99,14 +106,7 @@ async def serve_exec(request: web.Request, provider: object) -> web.StreamRespon
         wants.add("stderr")
     if tty and protocol not in {"channel.k8s.io", "v2.channel.k8s.io"}:
         wants.add("resize")
-    response = web.StreamResponse(
-        status=101,
-        headers={"Connection": "Upgrade", "Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": protocol},
-    )
-    response.force_close()
-    await response.prepare(request)
-    assert request.transport is not None
-    session = Session.attach(request.protocol, request.transport, response.write)
+    response, session = await spdysession.accept(request, protocol)
     try:
         streams = await _collect(session, wants)
         if streams is None:
@@ -120,7 +120,11 @@ async def serve_exec(request: web.Request, provider: object) -> web.StreamRespon
             resizes=_resizes(streams["resize"]) if "resize" in streams else None,
         )
         try:
-            code: int | None = await provider.exec_in_container(namespace, pod, container, command, io)
+            code: int | None = 0
+            if isinstance(provider, AttachProvider) and attach:
+                await provider.attach_to_container(namespace, pod, container, io)
+            elif isinstance(provider, ExecProvider):
+                code = await provider.exec_in_container(namespace, pod, container, command, io)
             message = ""
         except (ProviderError, StreamReset) as exc:
             code, message = None, str(exc)

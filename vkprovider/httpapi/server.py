@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from vkprovider import logs
-from vkprovider.httpapi import remotecommand
+from vkprovider.httpapi import portforward, remotecommand
 from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certificate
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
@@ -145,6 +145,9 @@ class KubeletApi:
         app.router.add_get("/stats/summary/", self._summary)
         app.router.add_get("/metrics/resource", self._resource_metrics)
         app.router.add_route("*", "/exec/{namespace}/{pod}/{container}", self._exec)
+        app.router.add_route("*", "/attach/{namespace}/{pod}/{container}", self._attach)
+        app.router.add_route("*", "/portForward/{namespace}/{pod}", self._port_forward)
+        app.router.add_route("*", "/portForward/{namespace}/{pod}/{uid}", self._port_forward)
         for prefix in ("/exec", "/attach", "/portForward", "/run"):
             app.router.add_route("*", prefix + "/{tail:.*}", self._not_yet)
         return app
@@ -182,7 +185,13 @@ class KubeletApi:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        return await remotecommand.serve_exec(request, self._provider)
+        return await remotecommand.serve(request, self._provider)
+
+    async def _attach(self, request: web.Request) -> web.StreamResponse:
+        return await remotecommand.serve(request, self._provider, attach=True)
+
+    async def _port_forward(self, request: web.Request) -> web.StreamResponse:
+        return await portforward.serve(request, self._provider)
 
     async def _not_yet(self, request: web.Request) -> web.Response:
         what = request.path.split("/")[1]

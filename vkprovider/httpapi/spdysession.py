@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
+
 from vkprovider.httpapi import spdy
 
 CHUNK = 32 * 1024
@@ -215,3 +217,16 @@ class Session:
         self._lost("closed")
         if not self._transport.is_closing():
             self._transport.close()
+
+
+async def accept(request: web.Request, protocol: str) -> tuple[web.StreamResponse, Session]:
+    """Answer the upgrade (101, `protocol` as the stream protocol) and take the connection over.
+    The response is returned from the handler once the session ended."""
+    response = web.StreamResponse(
+        status=101,
+        headers={"Connection": "Upgrade", "Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": protocol},
+    )
+    response.force_close()
+    await response.prepare(request)
+    assert request.transport is not None
+    return response, Session.attach(request.protocol, request.transport, response.write)

@@ -276,7 +276,8 @@ class KubeClient:
             ws = await self._session.ws_connect(
                 self.server + path,
                 params=query,
-                headers=self._headers(token),
+                # Not the session's JSON: a KWOK kubelet's port-forward answers 406 to it.
+                headers={**self._headers(token), "Accept": "*/*"},
                 protocols=protocols,
                 ssl=self._ssl,
                 max_msg_size=0,
