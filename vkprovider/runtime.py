@@ -250,6 +250,7 @@ class Runtime:
                 allow_ttl=settings.http.authz_allow_cache_seconds,
                 deny_ttl=settings.http.authz_deny_cache_seconds,
             ),
+            sessions=self.metrics.stream_sessions,
         )
         runner = web.AppRunner(api.app(), access_log=None)
         await runner.setup()

@@ -95,3 +95,28 @@ async def install_member_cluster_crd(offline: KubeClient) -> None:
             return
         except (NotFound, TooManyRequests):  # the new resource is still being set up
             await asyncio.sleep(0.1)
+
+
+async def service_account_kubeconfig(
+    lab: Any, client: KubeClient, cluster: str, namespace: str, account: str, path: Path
+) -> None:
+    """A kubeconfig at `path` for `cluster` that authenticates as the ServiceAccount (an hour's
+    token), as a workload or a tenant would hold it."""
+    token = await client.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+    )
+    admin = yaml.safe_load(lab.kubeconfig(cluster).read_text())
+    server = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "lab", "cluster": server}],
+                "users": [{"name": account, "user": {"token": token["status"]["token"]}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "lab", "user": account}}],
+                "current-context": "sa",
+            }
+        )
+    )

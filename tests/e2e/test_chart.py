@@ -22,7 +22,7 @@ import yaml
 from e2e import binaries
 from e2e.fixtures import Lab
 from federation import forge
-from tests.e2e.helpers import eventually, install_member_cluster_crd, make_namespace, pods
+from tests.e2e.helpers import eventually, install_member_cluster_crd, make_namespace, pods, service_account_kubeconfig
 from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient, NotFound, load_kubeconfig
@@ -165,27 +165,6 @@ def test_the_drain_hook_runs_before_deletion() -> None:
 # -- installed into the lab --------------------------------------------------------------------
 
 
-async def _sa_kubeconfig(lab: Lab, offline: KubeClient, namespace: str, account: str, path: Path) -> None:
-    token = await offline.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-    )
-    admin = yaml.safe_load(lab.kubeconfig("offline").read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "lab", "cluster": cluster}],
-                "users": [{"name": account, "user": {"token": token["status"]["token"]}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "lab", "user": account}}],
-                "current-context": "sa",
-            }
-        )
-    )
-
-
 async def _can_i(kubeconfig: Path, namespace: str) -> dict[str, set[str]]:
     """What `kubectl auth can-i --list -n namespace` shows for the kubeconfig's account (the same
     SelfSubjectRulesReview), as resource[.group][/subresource] -> verbs."""
@@ -239,9 +218,9 @@ async def test_installed_chart_is_enough_for_the_provider_and_uninstall_drains_e
     try:
         # What the account may do is exactly the documented list (plus what everyone may).
         kubeconfig = tmp_path / "sa.kubeconfig"
-        await _sa_kubeconfig(lab, offline, namespace, release, kubeconfig)
+        await service_account_kubeconfig(lab, offline, "offline", namespace, release, kubeconfig)
         nobody = tmp_path / "default.kubeconfig"
-        await _sa_kubeconfig(lab, offline, namespace, "default", nobody)
+        await service_account_kubeconfig(lab, offline, "offline", namespace, "default", nobody)
         granted = await _can_i(kubeconfig, namespace)
         everyone = await _can_i(nobody, namespace)
         extra = {k: v - everyone.get(k, set()) for k, v in granted.items()}

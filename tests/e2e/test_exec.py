@@ -108,6 +108,17 @@ async def test_kubectl_exec_streams_both_ways_and_reports_the_exit_code(lab: Lab
         outputs = await asyncio.gather(*(one(i) for i in range(10)))
         assert outputs == [f"session-{i}\n" for i in range(10)]
 
+        # attach: the container's output as it is written (the simulated log, a line a second).
+        attach = await asyncio.create_subprocess_exec(
+            *kubectl(lab, "offline", ns), "attach", "shell",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert attach.stdout is not None
+        first = await asyncio.wait_for(attach.stdout.readline(), timeout=30)
+        assert first.decode().startswith(f"{ns}/shell/"), first
+        attach.terminate()
+        await attach.communicate()
+
         # A terminal: kubectl sends its size on the resize stream, the command sees it.
         said_tty = await asyncio.to_thread(in_terminal, exec_argv(lab, ns, "-it", "shell", "--", "stty", "size"))
         assert "40 120" in said_tty, said_tty
@@ -141,7 +152,7 @@ async def test_kubectl_exec_runs_in_the_member_pod(lab: Lab, offline: KubeClient
         assert said.stderr.splitlines()[0] == direct.stderr.splitlines()[0] == "err"
         assert said.returncode == direct.returncode != 0 and "exit status 3" in said.stderr, said
 
-        data = os.urandom(5 * 1024 * 1024)
+        data = os.urandom(20 * 1024 * 1024)
         # KWOK v0.8.0 never closes a command's stdin (the member's own kubectl exec -i hangs
         # the same), so the command reads exactly the bytes sent instead of to the end.
         piped = subprocess.run(

@@ -757,6 +757,17 @@ async def test_kubelet_api_tokens_serving_certificate_stats_and_pods(lab: Lab, o
             assert status == 403 and "nodes/proxy" in body, (status, body)
             status, body = await get("/stats/summary", refused)
             assert status == 403 and "nodes/stats" in body, (status, body)
+            # The streaming endpoints are nodes/proxy too, refused before any upgrade.
+            container = api_pod["spec"]["containers"][0]["name"]
+            upgrade = {"Authorization": f"Bearer {refused}", "Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
+            for path in (
+                f"/exec/{ns}/probe/{container}?command=true&output=1",
+                f"/attach/{ns}/probe/{container}?output=1",
+                f"/portForward/{ns}/probe",
+            ):
+                async with session.post(base + path, ssl=verified, headers=upgrade) as resp:
+                    body = await resp.text()
+                    assert resp.status == 403 and 'cannot create resource "nodes/proxy"' in body, (path, body)
             status, _ = await get("/pods", "not-a-token")
             assert status == 401
 

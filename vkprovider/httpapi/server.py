@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Gauge
 
 from vkprovider import logs
 from vkprovider.httpapi import portforward, remotecommand
@@ -125,9 +126,11 @@ class KubeletApi:
         authenticator: Authenticator,
         authorizer: Authorizer,
         node_of: Callable[[str, str], str | None] | None = None,
+        sessions: Gauge | None = None,
     ) -> None:
         self._node = node
         self._node_of = node_of
+        self._sessions = sessions
         self._provider = provider
         self._pods = pods
         self._authn = authenticator
@@ -185,13 +188,24 @@ class KubeletApi:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        return await remotecommand.serve(request, self._provider)
+        return await self._session("exec", remotecommand.serve(request, self._provider))
 
     async def _attach(self, request: web.Request) -> web.StreamResponse:
-        return await remotecommand.serve(request, self._provider, attach=True)
+        return await self._session("attach", remotecommand.serve(request, self._provider, attach=True))
 
     async def _port_forward(self, request: web.Request) -> web.StreamResponse:
-        return await portforward.serve(request, self._provider)
+        return await self._session("portforward", portforward.serve(request, self._provider))
+
+    async def _session(self, kind: str, serving: Awaitable[web.StreamResponse]) -> web.StreamResponse:
+        """Counted while open (vkprovider_stream_sessions): one that never ends is a leak."""
+        if self._sessions is None:
+            return await serving
+        gauge = self._sessions.labels(kind)
+        gauge.inc()
+        try:
+            return await serving
+        finally:
+            gauge.dec()
 
     async def _not_yet(self, request: web.Request) -> web.Response:
         what = request.path.split("/")[1]

@@ -83,7 +83,7 @@ class Stream:
         """Half-close: we send nothing more."""
         if not self.local_closed and not self.reset and not self.session.closed:
             self.local_closed = True
-            with contextlib.suppress(ConnectionError):
+            with contextlib.suppress(ConnectionError, StreamReset):
                 await self.session._send(spdy.DataFrame(self.id, b"", spdy.FLAG_FIN))
 
 
@@ -190,7 +190,11 @@ class Session:
         if self.closed or self._transport.is_closing():
             raise StreamReset(f"session closed: {self.error or 'closed'}")
         # Encoding is synchronous: frames reach the shared compression context in send order.
-        await self._send_bytes(self._encoder.encode(frame))
+        try:
+            await self._send_bytes(self._encoder.encode(frame))
+        except ConnectionError as exc:  # the peer went while we waited to write
+            self._lost(f"the connection broke: {exc}")
+            raise StreamReset(f"session closed: {self.error}") from exc
 
     # -- lifetime --------------------------------------------------------------------------------
 
