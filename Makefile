@@ -51,6 +51,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.reaction
 	$(BIN)/python -m bench.planner_scale
 	$(BIN)/python -m bench.reclaim_latency
+	$(BIN)/python -m bench.streams
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info

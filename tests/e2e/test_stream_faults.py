@@ -93,6 +93,21 @@ async def test_a_reader_that_stops_reading_does_not_grow_the_providers_memory(
         await eventually(
             lambda: _zero(proc.metric('vkprovider_stream_sessions{kind="exec"}')), what="the session closed"
         )
+
+        # A client that goes away while the command waits on it (cat, whose stdin KWOK never
+        # closes): the member session ends with it, it does not run on unheard.
+        idle = await asyncio.create_subprocess_exec(
+            *kubectl(lab, "offline", ns), "exec", "-i", "worker", "--", "cat",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert idle.stdin is not None and idle.stdout is not None
+        idle.stdin.write(b"ping\n")
+        assert await asyncio.wait_for(idle.stdout.readline(), timeout=30) == b"ping\n"
+        idle.kill()
+        await idle.communicate()
+        await eventually(
+            lambda: _zero(proc.metric('vkprovider_stream_sessions{kind="exec"}')), what="the abandoned session closed"
+        )
     finally:
         await cleanup_and_stop(lab, offline, ns, proc)
 

@@ -121,10 +121,12 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
         )
         try:
             code: int | None = 0
+            name = f"{'attach' if attach else 'exec'} {namespace}/{pod}/{container}"
             if isinstance(provider, AttachProvider) and attach:
-                await provider.attach_to_container(namespace, pod, container, io)
+                await session.while_open(provider.attach_to_container(namespace, pod, container, io), name)
             elif isinstance(provider, ExecProvider):
-                code = await provider.exec_in_container(namespace, pod, container, command, io)
+                work = provider.exec_in_container(namespace, pod, container, command, io)
+                code = await session.while_open(work, name)
             message = ""
         except (ProviderError, StreamReset) as exc:
             code, message = None, str(exc)

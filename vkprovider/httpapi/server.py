@@ -5,7 +5,9 @@ Kubelet API (HTTPS, every request authenticated and authorized):
   GET /pods                                          pods bound to the node, as the API has them
   GET /healthz                                       "ok"
   GET /stats/summary, /metrics/resource              usage from the provider (metrics-server)
-  /exec, /attach, /portForward, /run                 501 until streaming lands
+  /exec/{namespace}/{pod}/{container}, /attach/...   remote command over SPDY/3.1 (remotecommand)
+  /portForward/{namespace}/{pod}[/{uid}]             port-forward over SPDY/3.1 (portforward)
+  /run/...                                           501: the kubelet's deprecated one-shot run
 Plain port: /healthz, /readyz, /metrics (Prometheus).
 """
 
@@ -29,7 +31,7 @@ from vkprovider.objects import Pod
 from vkprovider.provider import LogOptions, LogProvider, ProviderError, ProviderNotFound, StatsProvider
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-NOT_YET = "vkprovider does not support {what} yet; it arrives with streaming support (a later release)"
+NO_RUN = "vkprovider does not serve /run (the kubelet's deprecated one-shot command); kubectl exec uses /exec"
 
 
 def _bool(value: str | None) -> bool:
@@ -151,8 +153,7 @@ class KubeletApi:
         app.router.add_route("*", "/attach/{namespace}/{pod}/{container}", self._attach)
         app.router.add_route("*", "/portForward/{namespace}/{pod}", self._port_forward)
         app.router.add_route("*", "/portForward/{namespace}/{pod}/{uid}", self._port_forward)
-        for prefix in ("/exec", "/attach", "/portForward", "/run"):
-            app.router.add_route("*", prefix + "/{tail:.*}", self._not_yet)
+        app.router.add_route("*", "/run/{tail:.*}", self._no_run)
         return app
 
     @web.middleware
@@ -207,9 +208,8 @@ class KubeletApi:
         finally:
             gauge.dec()
 
-    async def _not_yet(self, request: web.Request) -> web.Response:
-        what = request.path.split("/")[1]
-        return web.Response(status=501, text=NOT_YET.format(what=what) + "\n")
+    async def _no_run(self, request: web.Request) -> web.Response:
+        return web.Response(status=501, text=NO_RUN + "\n")
 
     async def _logs(self, request: web.Request) -> web.StreamResponse:
         if not isinstance(self._provider, LogProvider):

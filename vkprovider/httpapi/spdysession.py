@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from vkprovider.httpapi import spdy
+
+T = TypeVar("T")
 
 CHUNK = 32 * 1024
 BUFFER_LIMIT = 1024 * 1024
@@ -120,6 +122,7 @@ class Session:
         self._paused = False
         self.closed = False
         self.error = ""
+        self._ended = asyncio.Event()
 
     @classmethod
     def attach(
@@ -202,10 +205,27 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        self._ended.set()
         self.error = why
         for stream in self._streams.values():
             stream._end()
         self.accepted.put_nowait(None)
+
+    async def while_open(self, work: Coroutine[Any, Any, T], name: str) -> T:
+        """`work`'s result; cancelled, with StreamReset, when the session ends first (the client
+        went away: whatever it started on the far side must stop, not run on unheard)."""
+        task = asyncio.create_task(work, name=name)
+        ended = asyncio.create_task(self._ended.wait(), name=f"{name} (session end)")
+        try:
+            await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, ended, return_exceptions=True)
+        if task.cancelled():
+            raise StreamReset(f"session closed: {self.error}")
+        return task.result()
 
     async def next_stream(self, timeout: float) -> Stream | None:
         """The next stream the peer opens; None when the session ended or none came in time."""
