@@ -52,6 +52,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.planner_scale
 	$(BIN)/python -m bench.reclaim_latency
 	$(BIN)/python -m bench.streams
+	$(BIN)/python -m bench.history_memory
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info

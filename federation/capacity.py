@@ -135,6 +135,10 @@ class MemberCapacity:
     nodes: list[NodeFree] = field(default_factory=list)
     #: What the member allows our pods to hold in all (windows and caps applied).
     allowed: dict[str, int] = field(default_factory=dict)
+    #: What online pods request, summed over all nodes (the tide's online load).
+    online_used: dict[str, int] = field(default_factory=dict)
+    #: GPUs our pods hold, per model.
+    ours_gpus_by_model: dict[str, int] = field(default_factory=dict)
 
     @property
     def capacity(self) -> dict[str, int]:
@@ -153,6 +157,7 @@ class MemberCapacity:
             "reachable": self.reachable,
             "lendable": fmt(self.lendable),
             "used": fmt(self.ours_used),
+            "online": fmt(self.online_used),
             "capacity": fmt(self.capacity),
             "nodes": {"total": self.nodes_total, "eligible": self.nodes_eligible},
             "largest": {k: fmt(v) for k, v in self.largest.items()},
@@ -217,6 +222,10 @@ def summarize(
             summary.gpus_total_by_model[node.gpu_product] = (
                 summary.gpus_total_by_model.get(node.gpu_product, 0) + node.allocatable[quantities.GPU]
             )
+        summary.online_used = quantities.add(summary.online_used, inventory.online_used.get(node.name, {}))
+        held = _gpus_held(node, inventory)
+        if held:
+            summary.ours_gpus_by_model[held[0]] = summary.ours_gpus_by_model.get(held[0], 0) + held[1]
         if not eligible(node, policy):
             continue
         summary.nodes_eligible += 1
@@ -239,6 +248,12 @@ def summarize(
     return _finish(summary, remaining, lendable, network)
 
 
+def _gpus_held(node: NodeRecord, inventory: Inventory) -> tuple[str, int] | None:
+    """(model, GPUs our pods hold on the node), when they hold any."""
+    count = ours_canonical(inventory.ours_used.get(node.name, {})).get(quantities.GPU, 0)
+    return (node.gpu_product or "unknown", count) if count else None
+
+
 def _nonzero(vec: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in vec.items() if v}
 
@@ -250,6 +265,8 @@ def _normalize(summary: MemberCapacity) -> MemberCapacity:
     summary.gpus_total_by_model = _nonzero(summary.gpus_total_by_model)
     summary.network_pods = {k: _nonzero(v) for k, v in sorted(summary.network_pods.items()) if any(v.values())}
     summary.numa_largest = _nonzero(summary.numa_largest)
+    summary.online_used = _nonzero(summary.online_used)
+    summary.ours_gpus_by_model = _nonzero(summary.ours_gpus_by_model)
     return summary
 
 
@@ -305,6 +322,8 @@ class _NodeShare:
     total_gpus: tuple[str, int] | None
     numa_zones: int
     numa: tuple[tuple[str, int], ...]
+    online: dict[str, int]
+    held_gpus: tuple[str, int] | None
 
 
 class Summarizer:
@@ -325,9 +344,15 @@ class Summarizer:
         self._gpus: dict[str, int] = {}
         self._gpus_total: dict[str, int] = {}
         self._network: dict[str, dict[str, int]] = {}
+        self._online: dict[str, int] = {}
+        self._held_gpus: dict[str, int] = {}
 
     def _apply(self, share: _NodeShare, sign: int) -> None:
         free = share.free
+        self._online = quantities.add(self._online, share.online, sign)
+        if share.held_gpus:
+            model, count = share.held_gpus
+            self._held_gpus[model] = self._held_gpus.get(model, 0) + sign * count
         self._lendable = quantities.add(self._lendable, free.free, sign)
         self._budget = quantities.add(self._budget, share.budget, sign)
         if free.gpu_product and free.free.get(quantities.GPU):
@@ -342,15 +367,16 @@ class Summarizer:
         total = None
         if node.gpu_product and quantities.GPU in node.allocatable:
             total = (node.gpu_product, node.allocatable[quantities.GPU])
+        online = dict(inventory.online_used.get(node.name, {}))  # a copy: the inventory changes its own in place
+        held = _gpus_held(node, inventory)
         if not eligible(node, policy):
-            return _NodeShare(version, False, NodeFree(node.name, {}, None, None, None), {}, total, 0, ())
-        online = inventory.online_used.get(node.name, {})
+            return _NodeShare(version, False, NodeFree(node.name, {}, None, None, None), {}, total, 0, (), online, held)
         vec = node_free(node, online_used=online, ours_used=inventory.ours_used.get(node.name, {}), policy=policy)
         budget = node_free(node, online_used=online, ours_used={}, policy=policy)
         zones = inventory.numa.get(node.name, ())
         numa = tuple((r, v) for z in zones for r, v in z.available.items())
         free = NodeFree(node.name, vec, node.gpu_product, node.network_pod, node.zone)
-        return _NodeShare(version, True, free, budget, total, len(zones), numa)
+        return _NodeShare(version, True, free, budget, total, len(zones), numa, online, held)
 
     def summarize(
         self, inventory: Inventory, policy: CapacityPolicy, *, now: datetime.time | None = None
@@ -383,6 +409,8 @@ class Summarizer:
         summary.nodes_eligible = len(summary.nodes)
         summary.gpus_by_model = {k: v for k, v in self._gpus.items() if v}
         summary.gpus_total_by_model = {k: v for k, v in self._gpus_total.items() if v}
+        summary.online_used = dict(self._online)
+        summary.ours_gpus_by_model = dict(self._held_gpus)
         for share in self._shares.values():
             summary.numa_zones += share.numa_zones
             if share.numa:

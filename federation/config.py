@@ -127,6 +127,18 @@ class MemberConfig(_Model):
     tenancy: TenancyConfig | None = Field(None, description="Set when the member was joined by `vkprovider onboard`.")
 
 
+class HistoryConfig(_Model):
+    """The capacity history and the lent/used statistics (federation.tide). Memory is
+    series x slots x 4 bytes: 12 series a member at the defaults, 0.6 MB a member."""
+
+    tiers: list[tuple[float, int]] = Field(
+        default_factory=lambda: [(10.0, 8640), (300.0, 4032)],
+        min_length=1,
+        description="[seconds per point, points] per resolution: 24 h at 10 s and 14 days at 5 min.",
+    )
+    max_series: int = Field(1024, gt=0, description="At most this many series (member x resource x kind).")
+
+
 class StreamingConfig(_Model):
     """Sessions of kubectl exec, attach and port-forward carried to members (federation.memberstreams)."""
 
@@ -177,6 +189,7 @@ class FederationConfig(_Model):
     )
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
+    history: HistoryConfig = Field(default_factory=HistoryConfig)
     orphan_interval: float = Field(
         120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
     )

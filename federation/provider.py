@@ -32,6 +32,7 @@ from federation.dispatch import Dispatcher, MemberPods
 from federation.inventory import Inventory
 from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
+from federation.tide import Tide, TideMetrics
 from federation.watch import MemberWatcher
 from federation.webhook import RoutingWebhook
 from vkprovider import logs
@@ -245,6 +246,7 @@ class FederationProvider:
         self.config = config
         self.node_name = node_name
         self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
+        self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
         self.members: dict[str, Member] = {}
         self._node_callbacks: list[Callable[[str], None]] = []
         self._node_set_callbacks: list[Callable[[], None]] = []
@@ -483,6 +485,7 @@ class FederationProvider:
             if changed or previous is None or _meta_differs(previous, computed):
                 for callback in self._node_callbacks:
                     callback(node)
+        self.tide.observe(m.summary for m in self.members.values() if m.summary is not None)
 
     def _follow_outage(self, member: Member) -> None:
         """Move the member along the two clocks (federation.outages); its pods are re-synced
@@ -734,9 +737,14 @@ class FederationProvider:
                 members[name]["draining"] = True
         return {"members": members, "virtualNodes": nodes, "jobs": jobs, "reclaims": self.reclaimer.view()}
 
+    def history(self, since_seconds: float, member: str | None, resource: str | None) -> dict[str, Any]:
+        """The capacity history (federation.tide), served at /history on the plain port."""
+        return self.tide.query(since_seconds=since_seconds, member=member, resource=resource)
+
     def register_metrics(self, registry: Any) -> None:
         """Reclaim's counters and histograms, exposed with the runtime's (/metrics)."""
         self.reclaimer.metrics = ReclaimMetrics(registry)
+        registry.register(TideMetrics(self.tide))
         self.orphans.deleted = PromCounter(
             "vkprovider_orphans_deleted",
             "Member pods of ours deleted because their front-end pod is gone, replaced or ended.",

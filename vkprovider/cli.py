@@ -1,7 +1,7 @@
 """`vkprovider`: the product's command line.
 
   vkprovider run --config FILE [--set section.key=value ...] [--node-name N] [--kubeconfig F] [--port P]
-  vkprovider status [--url http://HOST:10255]
+  vkprovider status [--url http://HOST:10255] [--since 24h]
   vkprovider drain --config FILE [--deployment NS/NAME] [--timeout S]
   vkprovider onboard --tenant T --front-end-kubeconfig F --member-kubeconfig M [--member-name N]
                      [--quota cpu=...,memory=...] [--pod-security LEVEL] [--dry-run]
@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         importlib.import_module(module).add_arguments(sub)
     status = sub.add_parser("status", help="print capacity, use and health of members and virtual nodes")
     status.add_argument("--url", default="http://127.0.0.1:10255", help="the provider's plain HTTP port")
+    status.add_argument(
+        "--since", default=None, help="instead: what each member lent and offline work used over 24h, 90m, 14d..."
+    )
     return parser
 
 
@@ -92,7 +95,7 @@ def _drain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
-        return status.main(args.url)
+        return status.main(args.url, args.since)
     if args.command == "drain":
         return _drain(args)
     for module, commands in TOOL_MODULES.items():

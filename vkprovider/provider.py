@@ -230,6 +230,14 @@ class Viewable(Protocol):
 
 
 @runtime_checkable
+class HistorySource(Protocol):
+    """Optional: capacity over time (served at /history on the plain port)."""
+
+    def history(self, since_seconds: float, member: str | None, resource: str | None) -> dict[str, Any]:
+        """Series from `since_seconds` ago until now, optionally of one member or resource."""
+
+
+@runtime_checkable
 class MetricsSource(Protocol):
     """Optional: a provider's own Prometheus metrics, served with the runtime's at /metrics."""
 

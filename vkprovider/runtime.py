@@ -30,7 +30,7 @@ from vkprovider.memory import MemoryProvider, MemorySettings
 from vkprovider.metrics import Metrics
 from vkprovider.node import NodeController
 from vkprovider.pods import PodController
-from vkprovider.provider import MetricsSource, MultiNode, PodLifecycle, Runnable, Viewable
+from vkprovider.provider import HistorySource, MetricsSource, MultiNode, PodLifecycle, Runnable, Viewable
 from vkprovider.settings import Settings, SettingsError
 from vkprovider.supervisor import Supervisor
 
@@ -139,6 +139,7 @@ class Runtime:
                         alive=lambda: supervisor.first_error is None,
                         ready=lambda: self._ready,
                         view=self.provider.view if isinstance(self.provider, Viewable) else None,
+                        history=self.provider if isinstance(self.provider, HistorySource) else None,
                     ),
                     access_log=None,
                 )

@@ -1,9 +1,11 @@
-"""`vkprovider status`: the provider's resource view (GET /capacity on the plain port) as tables."""
+"""`vkprovider status`: the provider's resource view (GET /capacity on the plain port) as tables;
+with `--since`, what each member lent and offline work used over that time (GET /history)."""
 
 from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -107,11 +109,37 @@ def render(view: dict[str, Any]) -> str:
     return text
 
 
-def main(url: str) -> int:
+def render_summary(history: dict[str, Any], since: str) -> str:
+    """The daily summary: "member-2 lent 4,100 V100-hours, offline used 3,650 (89 %)"."""
+    rows = [["MEMBER", "RESOURCE", "LENT", "USED", "USED %"]]
+    for entry in history.get("summary", []):
+        resource = str(entry["resource"])
+        unit = "core-h" if resource == "cpu" else f"{resource.removeprefix('gpu/')} GPU-h"
+        share = entry.get("usedShare")
+        rows.append(
+            [
+                str(entry["member"]),
+                resource,
+                f"{entry['lentHours']:,.1f} {unit}",
+                f"{entry['usedHours']:,.1f} {unit}",
+                "-" if share is None else f"{share * 100:.0f} %",
+            ]
+        )
+    if len(rows) == 1:
+        return f"no history over the last {since} (the provider keeps it from its start)"
+    return f"over the last {since}:\n" + _table(rows)
+
+
+def main(url: str, since: str | None = None) -> int:
+    path = "/capacity" if since is None else f"/history?since={urllib.parse.quote(since)}"
     try:
-        view = fetch(url)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"error: cannot read the resource view at {url}/capacity: {exc}")
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=10.0) as resp:
+            body = dict(json.load(resp))
+    except urllib.error.HTTPError as exc:
+        print(f"error: {url}{path}: {exc.code} {exc.read().decode(errors='replace').strip()}")
         return 1
-    print(render(view))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"error: cannot read {url}{path}: {exc}")
+        return 1
+    print(render(body) if since is None else render_summary(body, since))
     return 0

@@ -422,7 +422,7 @@ async def test_config_maps_secrets_and_headless_services_follow_their_pods(
 async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    """kill -9 at KILL_TRIALS (7) random moments while a 32-pod gang is dispatched. Every member is watched
+    """kill -9 at KILL_TRIALS (5) random moments while a 32-pod gang is dispatched. Every member is watched
     for the whole trial, so what happened in between counts, not only the end: no member holds
     part of the gang for longer than the gang timeout (plus the provider's restart), no member
     pod is deleted and created again, every member pod runs a live front-end pod (by UID), and

@@ -479,7 +479,7 @@ async def test_eviction_api_and_a_deleted_member_node_are_reported_with_their_re
 async def test_kill_9_during_reclaim_never_deletes_early_twice_or_too_much(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    """kill -9 of the provider at random moments of a reclaim, KILL_TRIALS (7) trials. member-1 is watched
+    """kill -9 of the provider at random moments of a reclaim, KILL_TRIALS (5) trials. member-1 is watched
     for the whole trial and its audit log read after: no member pod is deleted before the
     deadline its notice named, none twice, no more than the deficit needs, and at the end every
     notice was carried out or withdrawn."""

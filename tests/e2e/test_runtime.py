@@ -263,8 +263,18 @@ async def test_logs_through_the_apiserver_and_refused_callers(lab: Lab, offline:
             async with session.get(url + "?tailLines=1", ssl=_with_cert(reader)) as resp:
                 assert resp.status == 200
                 assert "talker/main line" in await resp.text()
-            async with session.get(f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main", ssl=_with_cert(reader)) as r:
-                assert r.status == 400 and "SPDY" in await r.text()  # exec is served, over SPDY only
+            async with session.get(
+                f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main?command=true", ssl=_with_cert(reader)
+            ) as r:
+                assert r.status == 400 and "SPDY" in await r.text()  # exec needs an upgrade
+            # A client that reaches the kubelet port with a WebSocket (v5) runs a command too.
+            query = [("command", "echo"), ("command", "direct"), ("output", "1")]
+            async with session.ws_connect(
+                f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main",
+                params=query, protocols=("v5.channel.k8s.io",), ssl=_with_cert(reader),
+            ) as ws:  # fmt: skip
+                said = [message.data async for message in ws]
+            assert b"".join(m[1:] for m in said if m[:1] == b"\x01") == b"direct\n", said
             async with session.get(
                 f"https://127.0.0.1:{proc.port}/portForward/{ns}/talker", ssl=_with_cert(reader)
             ) as r:

@@ -74,9 +74,16 @@ async def test_a_reader_that_stops_reading_does_not_grow_the_providers_memory(
             *kubectl(lab, "offline", ns), "exec", "worker", "--", "head", "-c", str(1 << 30), "/dev/zero",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        await eventually(lambda: proc.metric('vkprovider_stream_sessions{kind="exec"}'), what="the session open")
+
+        async def opened() -> bool:
+            if reader.returncode is not None:
+                _, err = await reader.communicate()
+                raise AssertionError(f"kubectl exec ended ({reader.returncode}): {err.decode()}")
+            return bool(await proc.metric('vkprovider_stream_sessions{kind="exec"}') == 1.0)
+
+        await eventually(opened, what="the session open")
         peak = 0
-        for _ in range(16):  # 8 s
+        for _ in range(10):  # 5 s
             await asyncio.sleep(0.5)
             peak = max(peak, rss(pid_of(proc)) - before)
         assert peak < SLOW_READER_BOUND, f"grew {peak} bytes while nobody read"

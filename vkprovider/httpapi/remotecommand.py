@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -79,31 +79,58 @@ async def _resizes(stream: Stream) -> AsyncIterator[TermSize]:
                 yield TermSize(width=int(value.get("Width") or 0), height=int(value.get("Height") or 0))
 
 
-async def serve(request: web.Request, provider: object, *, attach: bool = False) -> web.StreamResponse:
-    """Answer an exec (or, with `attach`, an attach) request."""
+def refusal(request: web.Request, provider: object, *, attach: bool) -> web.Response | None:
+    """What to answer before any upgrade, when the request cannot be served at all."""
     if attach and not isinstance(provider, AttachProvider):
         return web.Response(status=501, text="this provider does not attach to containers\n")
     if not attach and not isinstance(provider, ExecProvider):
         return web.Response(status=501, text="this provider does not run commands in containers\n")
+    if not attach and not request.query.getall("command", []):
+        return web.Response(status=400, text="no command given\n")
+    return None
+
+
+def wanted(query: Any) -> tuple[bool, bool, bool, bool]:
+    """stdin, stdout, stderr, tty as the request asks (no stderr with a tty, as the kubelet)."""
+    tty = _flag(query, "tty")
+    return _flag(query, "input"), _flag(query, "output"), _flag(query, "error") and not tty, tty
+
+
+async def run(
+    provider: object,
+    request: web.Request,
+    command: list[str],
+    io: ExecStreams,
+    guard: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]],
+) -> tuple[int | None, str]:
+    """(exit status, "") of the command, or of an attach 0; (None, why) when it could not run.
+    `guard` runs the provider's call for as long as the client's connection lasts."""
+    namespace, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
+    try:
+        if request.path.startswith("/attach/") and isinstance(provider, AttachProvider):
+            await guard(provider.attach_to_container(namespace, pod, container, io))
+            return 0, ""
+        assert isinstance(provider, ExecProvider)
+        return int(await guard(provider.exec_in_container(namespace, pod, container, command, io))), ""
+    except (ProviderError, StreamReset) as exc:
+        return None, str(exc)
+
+
+async def serve(request: web.Request, provider: object, *, attach: bool = False) -> web.StreamResponse:
+    """Answer an exec (or, with `attach`, an attach) request."""
+    refused = refusal(request, provider, attach=attach)
+    if refused is not None:
+        return refused
     if "spdy/3.1" not in request.headers.get("Upgrade", "").lower():
         what = "attach" if attach else "exec"
-        return web.Response(status=400, text=f"{what} needs an upgrade to SPDY/3.1\n")
+        return web.Response(status=400, text=f"{what} needs an upgrade to SPDY/3.1 or a WebSocket\n")
     protocol = choose(offered(request))
     if protocol is None:
-        wanted = ", ".join(PROTOCOLS)
-        return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {wanted}\n")
-    query = request.query
-    command = query.getall("command", [])
-    if not command and not attach:
-        return web.Response(status=400, text="no command given\n")
-    tty = _flag(query, "tty")
-    wants = {"error"}
-    if _flag(query, "input"):
-        wants.add("stdin")
-    if _flag(query, "output"):
-        wants.add("stdout")
-    if _flag(query, "error") and not tty:
-        wants.add("stderr")
+        speaks = ", ".join(PROTOCOLS)
+        return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {speaks}\n")
+    command = request.query.getall("command", [])
+    stdin, stdout, stderr, tty = wanted(request.query)
+    wants = {"error"} | {name for name, on in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)) if on}
     if tty and protocol not in {"channel.k8s.io", "v2.channel.k8s.io"}:
         wants.add("resize")
     response, session = await spdysession.accept(request, protocol)
@@ -119,17 +146,8 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
             tty=tty,
             resizes=_resizes(streams["resize"]) if "resize" in streams else None,
         )
-        try:
-            code: int | None = 0
-            name = f"{'attach' if attach else 'exec'} {namespace}/{pod}/{container}"
-            if isinstance(provider, AttachProvider) and attach:
-                await session.while_open(provider.attach_to_container(namespace, pod, container, io), name)
-            elif isinstance(provider, ExecProvider):
-                work = provider.exec_in_container(namespace, pod, container, command, io)
-                code = await session.while_open(work, name)
-            message = ""
-        except (ProviderError, StreamReset) as exc:
-            code, message = None, str(exc)
+        name = f"{'attach' if attach else 'exec'} {namespace}/{pod}/{container}"
+        code, message = await run(provider, request, command, io, lambda work: session.while_open(work, name))
         for kind in ("stdout", "stderr"):
             if kind in streams:
                 await streams[kind].close()

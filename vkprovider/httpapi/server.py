@@ -6,6 +6,7 @@ Kubelet API (HTTPS, every request authenticated and authorized):
   GET /healthz                                       "ok"
   GET /stats/summary, /metrics/resource              usage from the provider (metrics-server)
   /exec/{namespace}/{pod}/{container}, /attach/...   remote command over SPDY/3.1 (remotecommand)
+                                                     or a WebSocket (wsremotecommand)
   /portForward/{namespace}/{pod}[/{uid}]             port-forward over SPDY/3.1 (portforward)
   /run/...                                           501: the kubelet's deprecated one-shot run
 Plain port: /healthz, /readyz, /metrics (Prometheus).
@@ -23,12 +24,12 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from vkprovider import logs
-from vkprovider.httpapi import portforward, remotecommand
+from vkprovider.httpapi import portforward, remotecommand, wsremotecommand
 from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certificate
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod
-from vkprovider.provider import LogOptions, LogProvider, ProviderError, ProviderNotFound, StatsProvider
+from vkprovider.provider import HistorySource, LogOptions, LogProvider, ProviderError, ProviderNotFound, StatsProvider
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NO_RUN = "vkprovider does not serve /run (the kubelet's deprecated one-shot command); kubectl exec uses /exec"
@@ -189,10 +190,15 @@ class KubeletApi:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("exec", remotecommand.serve(request, self._provider))
+        return await self._session("exec", self._remote_command(request, attach=False))
 
     async def _attach(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("attach", remotecommand.serve(request, self._provider, attach=True))
+        return await self._session("attach", self._remote_command(request, attach=True))
+
+    async def _remote_command(self, request: web.Request, *, attach: bool) -> web.StreamResponse:
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await wsremotecommand.serve(request, self._provider, attach=attach)
+        return await remotecommand.serve(request, self._provider, attach=attach)
 
     async def _port_forward(self, request: web.Request) -> web.StreamResponse:
         return await self._session("portforward", portforward.serve(request, self._provider))
@@ -261,12 +267,26 @@ def tls_context(*, cert_file: str, key_file: str, client_ca: bytes | None) -> ss
     return ctx
 
 
+def parse_duration(text: str) -> float:
+    """Seconds in "90", "90s", "15m", "24h" or "14d"."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (say 90s, 15m, 24h or 14d)") from None
+    if value <= 0:
+        raise ValueError(f"not a positive duration: {text!r}")
+    return value
+
+
 def health_app(
     *,
     metrics: Metrics,
     alive: Callable[[], bool],
     ready: Callable[[], bool],
     view: Callable[[], dict[str, Any]] | None = None,
+    history: HistorySource | None = None,
 ) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok") if alive() else web.Response(status=500, text="unhealthy\n")
@@ -282,8 +302,19 @@ def health_app(
             return web.Response(status=404, text="this provider has no resource view\n")
         return web.Response(text=json.dumps(view(), indent=1), content_type="application/json")
 
+    async def history_of(request: web.Request) -> web.Response:
+        if history is None:
+            return web.Response(status=404, text="this provider keeps no history\n")
+        try:
+            since = parse_duration(request.query.get("since", "24h"))
+        except ValueError as exc:
+            return web.Response(status=400, text=f"{exc}\n")
+        body = history.history(since, request.query.get("member") or None, request.query.get("resource") or None)
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
     app = web.Application()
     app.router.add_get("/capacity", capacity)
+    app.router.add_get("/history", history_of)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)

@@ -1,0 +1,180 @@
+"""`/exec` and `/attach` on the kubelet port for clients that come with a WebSocket: a client
+that reaches the kubelet directly, or an apiserver that passes kubectl's WebSocket through (it
+does so only for a node that declares ExtendWebSocketsToKubelet, which ours does not: kubectl's
+port-forward would then arrive as SPDY tunnelled in a WebSocket, which we do not speak).
+
+Protocols, as the kubelet's: v5.channel.k8s.io, v4.channel.k8s.io, channel.k8s.io (binary:
+the channel in the first byte) and v4.base64.channel.k8s.io, base64.channel.k8s.io (text: the
+channel as an ASCII digit, the bytes in base64). Channels: 0 stdin, 1 stdout, 2 stderr, 3 error
+(a metav1.Status from v4 on, the error's text before), 4 terminal sizes (JSON); in v5 a message
+[255, N] closes channel N (the end of stdin). As the kubelet does, the server first sends an
+empty message on the lowest channel it writes, to tell the client the session is open.
+
+Input is back-pressured: at most `QUEUED` messages wait for the command; beyond that we stop
+reading the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from vkprovider.httpapi import remotecommand
+from vkprovider.httpapi.spdysession import StreamReset
+from vkprovider.provider import ExecStreams, TermSize
+
+T = TypeVar("T")
+
+V5, V4, V4_BASE64 = "v5.channel.k8s.io", "v4.channel.k8s.io", "v4.base64.channel.k8s.io"
+PROTOCOLS = (V5, V4, V4_BASE64, "channel.k8s.io", "base64.channel.k8s.io")
+STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
+QUEUED = 16
+
+
+def encode(channel: int, data: bytes, *, text: bool) -> str | bytes:
+    if text:
+        return chr(ord("0") + channel) + base64.b64encode(data).decode()
+    return bytes([channel]) + data
+
+
+def decode(message: str | bytes) -> tuple[int, bytes] | None:
+    """(channel, bytes) of one message; None for an empty or malformed one."""
+    if isinstance(message, str):
+        if not message or not "0" <= message[0] <= "9":
+            return None
+        try:
+            return ord(message[0]) - ord("0"), base64.b64decode(message[1:], validate=True)
+        except ValueError:
+            return None
+    return (message[0], message[1:]) if message else None
+
+
+class _Input:
+    """What the client sends on one channel, in order; b"" at its end."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUED)
+        self.closed = False
+
+    async def put(self, data: bytes) -> None:
+        if not self.closed and data:
+            await self.queue.put(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(asyncio.QueueFull):
+                self.queue.put_nowait(b"")
+
+    async def read(self) -> bytes:
+        if self.closed and self.queue.empty():
+            return b""
+        data = await self.queue.get()
+        if not data:
+            self.queue.put_nowait(b"")  # every later read sees the end too
+        return data
+
+
+class _Output:
+    def __init__(self, ws: web.WebSocketResponse, channel: int, text: bool) -> None:
+        self._ws, self._channel, self._text = ws, channel, text
+
+    async def write(self, data: bytes) -> None:
+        if self._ws.closed:
+            raise StreamReset(f"the client closed the WebSocket (channel {self._channel})")
+        message = encode(self._channel, data, text=self._text)
+        try:
+            if isinstance(message, str):
+                await self._ws.send_str(message)
+            else:
+                await self._ws.send_bytes(message)
+        except ConnectionError as exc:
+            raise StreamReset(f"the client went away: {exc}") from exc
+
+
+async def _sizes(source: _Input) -> AsyncIterator[TermSize]:
+    while data := await source.read():
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            value = json.loads(data)
+            yield TermSize(width=int(value.get("Width") or 0), height=int(value.get("Height") or 0))
+
+
+async def serve(request: web.Request, provider: object, *, attach: bool = False) -> web.StreamResponse:
+    refused = remotecommand.refusal(request, provider, attach=attach)
+    if refused is not None:
+        return refused
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+    if not set(offered) & set(PROTOCOLS):
+        speaks = ", ".join(PROTOCOLS)
+        return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {speaks}\n")
+    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=0, autoping=True)
+    await ws.prepare(request)
+    protocol = ws.ws_protocol or ""
+    text = "base64" in protocol
+    stdin_on, stdout_on, stderr_on, tty = remotecommand.wanted(request.query)
+    stdin, resize = _Input(), _Input()
+    io = ExecStreams(
+        stdin=stdin if stdin_on else None,
+        stdout=_Output(ws, STDOUT, text) if stdout_on else None,
+        stderr=_Output(ws, STDERR, text) if stderr_on else None,
+        tty=tty,
+        resizes=_sizes(resize) if tty and protocol != "channel.k8s.io" else None,
+    )
+    error = _Output(ws, ERROR, text)
+    first = STDOUT if stdout_on else STDERR if stderr_on else ERROR
+    await _Output(ws, first, text).write(b"")
+    reader = asyncio.create_task(_read(ws, stdin, resize), name=f"ws-exec-read {request.path}")
+
+    async def guard(work: Coroutine[Any, Any, T]) -> T:
+        """The provider's call, cancelled when the client's WebSocket ends first."""
+        task = asyncio.create_task(work, name=f"ws-exec {request.path}")
+        try:
+            await asyncio.wait({task, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            raise StreamReset("the client closed the WebSocket")
+        return task.result()
+
+    try:
+        code, message = await remotecommand.run(provider, request, request.query.getall("command", []), io, guard)
+        with contextlib.suppress(StreamReset):
+            if protocol.startswith(("v4.", "v5.")):
+                await error.write(json.dumps(remotecommand.status(code, message)).encode())
+            elif code != 0:
+                await error.write((message or remotecommand.status(code)["message"]).encode())
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await ws.close()
+    return ws
+
+
+async def _read(ws: web.WebSocketResponse, stdin: _Input, resize: _Input) -> None:
+    """The client's messages to their channels, until it closes (then every input ends)."""
+    try:
+        async for message in ws:
+            if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                continue
+            decoded = decode(message.data)
+            if decoded is None:
+                continue
+            channel, data = decoded
+            if channel == STDIN:
+                await stdin.put(data)
+            elif channel == RESIZE:
+                await resize.put(data)
+            elif channel == CLOSE and data:
+                {STDIN: stdin, RESIZE: resize}.get(data[0], _Input()).close()
+    finally:
+        stdin.close()
+        resize.close()
