@@ -28,11 +28,11 @@ from federation import capacity, forge, memberexec, memberforward, memberlogs, o
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
-from federation.dispatch import Dispatcher, MemberPods
+from federation.dispatch import Dispatcher, Job, MemberPods
 from federation.inventory import Inventory
 from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
-from federation.tide import Tide, TideMetrics
+from federation.tide import FleetMetrics, MemberState, Tide, TideMetrics
 from federation.watch import MemberWatcher
 from federation.webhook import RoutingWebhook
 from vkprovider import logs
@@ -724,7 +724,7 @@ class FederationProvider:
                 }
         jobs = {}
         for key, job in sorted(self.dispatcher.jobs.items()):
-            state = job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
+            state = _job_state(job)
             jobs[key] = {
                 "member": job.member,
                 "pods": len(job.pods),
@@ -741,10 +741,21 @@ class FederationProvider:
         """The capacity history (federation.tide), served at /history on the plain port."""
         return self.tide.query(since_seconds=since_seconds, member=member, resource=resource)
 
+    def _member_states(self) -> list[MemberState]:
+        return [(name, m.reachable, m.summary) for name, m in sorted(self.members.items()) if m.config.enabled]
+
+    def _job_states(self) -> dict[str, int]:
+        counts = {"waiting": 0, "dispatched": 0}
+        for job in self.dispatcher.jobs.values():
+            state = _job_state(job)
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
     def register_metrics(self, registry: Any) -> None:
         """Reclaim's counters and histograms, exposed with the runtime's (/metrics)."""
         self.reclaimer.metrics = ReclaimMetrics(registry)
         registry.register(TideMetrics(self.tide))
+        registry.register(FleetMetrics(self._member_states, self._job_states))
         self.orphans.deleted = PromCounter(
             "vkprovider_orphans_deleted",
             "Member pods of ours deleted because their front-end pod is gone, replaced or ended.",
@@ -879,6 +890,11 @@ def _same_connection(a: MemberConfig, b: MemberConfig) -> bool:
 def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:
     keep = (quantities.CPU, quantities.MEMORY, quantities.GPU) if brief else capacity.TRACKED
     return {k: quantities.format_quantity(k, v) for k, v in sorted(vec.items()) if k in keep}
+
+
+def _job_state(job: Job) -> str:
+    """waiting, dispatched, or why it failed (GangTimeout, MemberRemoved)."""
+    return job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
 
 
 def _meta_differs(a: NodeStatus, b: NodeStatus) -> bool:

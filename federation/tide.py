@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from federation import quantities
@@ -178,3 +178,43 @@ class TideMetrics(Collector):
                 labels = [member] if what == "cpu" else [member, model]
                 families[(kind, what)].add_metric(labels, total)
         yield from families.values()
+
+
+#: What the gauges below read from the provider: (member, reachable, its summary if any).
+MemberState = tuple[str, bool, MemberCapacity | None]
+
+
+class FleetMetrics(Collector):
+    """Gauges of the present moment, for dashboards and the chart's alert rules: each member's
+    reachability, what it lends and what our pods use there, and jobs by state."""
+
+    def __init__(self, members: Callable[[], Iterable[MemberState]], jobs: Callable[[], dict[str, int]]) -> None:
+        self._members = members
+        self._jobs = jobs
+
+    def collect(self) -> Iterator[Metric]:
+        reachable = GaugeMetricFamily(
+            "vkprovider_member_reachable", "1 while the member's apiserver answers, else 0.", labels=["member"]
+        )
+        lendable = GaugeMetricFamily(
+            "vkprovider_member_lendable",
+            "What the member lends now beyond what our pods hold (cores, bytes, GPUs).",
+            labels=["member", "resource"],
+        )
+        used = GaugeMetricFamily(
+            "vkprovider_member_used", "What our pods hold in the member now (cores, bytes, GPUs).",
+            labels=["member", "resource"],
+        )  # fmt: skip
+        for name, up, summary in self._members():
+            reachable.add_metric([name], 1.0 if up else 0.0)
+            for resource, scale in SCALE.items():
+                lendable.add_metric([name, resource], (summary.lendable.get(resource, 0) if summary else 0) / scale)
+                used.add_metric([name, resource], (summary.ours_used.get(resource, 0) if summary else 0) / scale)
+        jobs = GaugeMetricFamily(
+            "vkprovider_jobs",
+            "Jobs by state: waiting, dispatched, or why they failed (GangTimeout: the gang waited past its timeout).",
+            labels=["state"],
+        )
+        for state, count in sorted(self._jobs().items()):
+            jobs.add_metric([state], count)
+        yield from (reachable, lendable, used, jobs)

@@ -144,6 +144,55 @@ def test_service_monitor_on_and_off() -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
+def exposed_metric_names() -> set[str]:
+    """Every sample name the federation provider's /metrics can carry (a provider built, not
+    run: its registry holds every family, with or without samples)."""
+    from prometheus_client import generate_latest
+
+    from federation.config import FederationConfig
+    from federation.provider import FederationProvider
+    from vkprovider.metrics import Metrics
+
+    metrics = Metrics()
+    FederationProvider(FederationConfig(), node_name="rules").register_metrics(metrics.registry)
+    names = set()
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            # This exposition names a counter with its _total already.
+            suffixes = {"counter": ["", "_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(kind, [""])
+            names |= {name + suffix for suffix in suffixes}
+    return names
+
+
+def test_alert_rules_render_and_name_only_metrics_the_provider_exposes() -> None:
+    """promtool is not built here; the equivalent: every rule renders with the fields the
+    Prometheus Operator needs, its expression is balanced, and every metric it names is one
+    the provider exposes."""
+    assert not [d for d in render() if d["kind"] == "PrometheusRule"]
+    rule = one(render("prometheusRule.enabled=true", "prometheusRule.gpuWatermark=2"), "PrometheusRule")
+    rules = rule["spec"]["groups"][0]["rules"]
+    assert [r["alert"] for r in rules] == [
+        "VkproviderMemberUnreachable",
+        "VkproviderLendableCpuBelowWatermark",
+        "VkproviderLendableGpuBelowWatermark",
+        "VkproviderGangTimedOut",
+        "VkproviderReclaimWithoutNotice",
+    ]
+    exposed = exposed_metric_names()
+    for r in rules:
+        expr = r["expr"]
+        assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
+        assert (r["labels"]["severity"] in ("info", "warning") and "{{ $labels" in r["annotations"]["summary"]) or (
+            "{{ $value }}" in r["annotations"]["summary"]
+        ), r
+        named = set(re.findall(r"\bvkprovider_[a-z_]+", expr))
+        assert named and named <= exposed, (r["alert"], named - exposed)
+    assert "< 16" in rules[1]["expr"] and "< 2" in rules[2]["expr"] and rules[1]["for"] == "10m"
+    no_gpu = one(render("prometheusRule.enabled=true"), "PrometheusRule")["spec"]["groups"][0]["rules"]
+    assert "VkproviderLendableGpuBelowWatermark" not in [r["alert"] for r in no_gpu]
+
+
 def test_a_misspelt_value_fails_with_its_name() -> None:
     result = helm("template", "rel", str(CHART), "--set", "replica=3", check=False)
     assert result.returncode != 0

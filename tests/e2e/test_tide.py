@@ -79,6 +79,12 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
         for what in ("cpu", "gpu"):
             assert abs(measured[what] - expected[what]) <= 0.02 * expected[what], (what, measured, expected)
 
+        # The present-moment gauges the chart's alert rules read.
+        assert await proc.metric('vkprovider_member_reachable{member="member-2"}') == 1.0
+        assert await proc.metric('vkprovider_member_lendable{member="member-2",resource="cpu"}') > 0
+        assert await proc.metric('vkprovider_member_used{member="member-2",resource="cpu"}') == 0.0
+        assert await proc.metric('vkprovider_jobs{state="dispatched"}') == 0.0
+
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"http://127.0.0.1:{proc.health_port}/history?since=10m&member=member-2") as resp,
