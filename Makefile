@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB ?= .lab
 
-.PHONY: all venv binaries lint test test-unit test-e2e demo down bench clean proto
+.PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto
 
 all: venv
 
@@ -25,13 +25,20 @@ $(STAMP): pyproject.toml
 binaries: $(STAMP)
 	$(BIN)/python -m e2e build
 
+# Debian's Chromium for the dashboard's browser test (tests/e2e/test_dashboard.py), installed
+# with apt-get when missing; where that cannot be done, the test says what is missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+		|| echo "could not install chromium; the dashboard's browser test will fail saying so"
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP) binaries lint
+test: $(STAMP) binaries browser lint
 	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 test-unit: $(STAMP)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import importlib.resources
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -247,6 +248,7 @@ class FederationProvider:
         self.node_name = node_name
         self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
+        self._dashboard: bytes | None = None
         self.members: dict[str, Member] = {}
         self._node_callbacks: list[Callable[[str], None]] = []
         self._node_set_callbacks: list[Callable[[], None]] = []
@@ -736,6 +738,12 @@ class FederationProvider:
             if member.draining and name in members:
                 members[name]["draining"] = True
         return {"members": members, "virtualNodes": nodes, "jobs": jobs, "reclaims": self.reclaimer.view()}
+
+    def dashboard_page(self) -> bytes:
+        """The dashboard (federation/dashboard/index.html), read once."""
+        if self._dashboard is None:
+            self._dashboard = importlib.resources.files("federation").joinpath("dashboard/index.html").read_bytes()
+        return self._dashboard
 
     def history(self, since_seconds: float, member: str | None, resource: str | None) -> dict[str, Any]:
         """The capacity history (federation.tide), served at /history on the plain port."""

@@ -238,6 +238,14 @@ class HistorySource(Protocol):
 
 
 @runtime_checkable
+class DashboardSource(Protocol):
+    """Optional: a read-only web page served at / on the plain port."""
+
+    def dashboard_page(self) -> bytes:
+        """The page (HTML, self-contained: it fetches nothing from outside the provider)."""
+
+
+@runtime_checkable
 class MetricsSource(Protocol):
     """Optional: a provider's own Prometheus metrics, served with the runtime's at /metrics."""
 

@@ -30,7 +30,15 @@ from vkprovider.memory import MemoryProvider, MemorySettings
 from vkprovider.metrics import Metrics
 from vkprovider.node import NodeController
 from vkprovider.pods import PodController
-from vkprovider.provider import HistorySource, MetricsSource, MultiNode, PodLifecycle, Runnable, Viewable
+from vkprovider.provider import (
+    DashboardSource,
+    HistorySource,
+    MetricsSource,
+    MultiNode,
+    PodLifecycle,
+    Runnable,
+    Viewable,
+)
 from vkprovider.settings import Settings, SettingsError
 from vkprovider.supervisor import Supervisor
 
@@ -140,6 +148,7 @@ class Runtime:
                         ready=lambda: self._ready,
                         view=self.provider.view if isinstance(self.provider, Viewable) else None,
                         history=self.provider if isinstance(self.provider, HistorySource) else None,
+                        dashboard=self.provider if isinstance(self.provider, DashboardSource) else None,
                     ),
                     access_log=None,
                 )

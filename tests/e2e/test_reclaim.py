@@ -464,12 +464,15 @@ async def test_eviction_api_and_a_deleted_member_node_are_reported_with_their_re
             if deleted_node is not None:
                 async with lab.client("member-1") as member:
                     meta = deleted_node["metadata"]
+                    # With its kubelet port (daemonEndpoints): without it the member's apiserver
+                    # dials 10250 for exec and logs of pods later placed on this node.
+                    kept = ("capacity", "allocatable", "addresses", "daemonEndpoints", "nodeInfo")
                     node_body = {
                         "apiVersion": "v1",
                         "kind": "Node",
                         "metadata": {k: meta[k] for k in ("name", "labels", "annotations") if k in meta},
                         "spec": {k: v for k, v in deleted_node["spec"].items() if k != "podCIDR"},
-                        "status": {k: deleted_node["status"][k] for k in ("capacity", "allocatable", "addresses")},
+                        "status": {k: deleted_node["status"][k] for k in kept if k in deleted_node["status"]},
                     }
                     await member.create("/api/v1/nodes", node_body)
         finally:

@@ -78,7 +78,12 @@ async def test_a_reader_that_stops_reading_does_not_grow_the_providers_memory(
         async def opened() -> bool:
             if reader.returncode is not None:
                 _, err = await reader.communicate()
-                raise AssertionError(f"kubectl exec ended ({reader.returncode}): {err.decode()}")
+                bound = (await offline.get(f"/api/v1/namespaces/{ns}/pods/worker"))["spec"].get("nodeName", "")
+                node = await offline.get(f"/api/v1/nodes/{bound}")
+                raise AssertionError(
+                    f"kubectl exec ended ({reader.returncode}): {err.decode()}; the pod is on {bound} (ours: "
+                    f"{proc.node}, port {proc.port}), whose status says {node['status'].get('daemonEndpoints')}"
+                )
             return bool(await proc.metric('vkprovider_stream_sessions{kind="exec"}') == 1.0)
 
         await eventually(opened, what="the session open")

@@ -7,6 +7,7 @@ the member held them, timed by the test's own watch of the member (bound, then g
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,17 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
         assert await proc.metric('vkprovider_member_used{member="member-2",resource="cpu"}') == 0.0
         assert await proc.metric('vkprovider_jobs{state="dispatched"}') == 0.0
 
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{proc.health_port}/history?since=10m&member=member-2") as resp,
-        ):
-            history = await resp.json()
+        base = f"http://127.0.0.1:{proc.health_port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/history?since=10m&member=member-2") as resp:
+                history = await resp.json()
+            async with session.get(f"{base}/") as resp:
+                assert resp.status == 200 and resp.content_type == "text/html"
+                page = await resp.text()
+        # The dashboard fetches nothing from outside the provider (the SVG namespace is a name).
+        assert "vkprovider: the tide" in page
+        assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+        assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}
         series = {(s["resource"], s["kind"]): s["points"] for s in history["series"]}
         assert history["step"] == 10.0
         assert max(v for _, v in series[("cpu", "used")]) == pytest.approx(CPU * PODS_RUN)

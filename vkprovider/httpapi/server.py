@@ -9,7 +9,8 @@ Kubelet API (HTTPS, every request authenticated and authorized):
                                                      or a WebSocket (wsremotecommand)
   /portForward/{namespace}/{pod}[/{uid}]             port-forward over SPDY/3.1 (portforward)
   /run/...                                           501: the kubelet's deprecated one-shot run
-Plain port: /healthz, /readyz, /metrics (Prometheus).
+Plain port: /healthz, /readyz, /metrics (Prometheus); with the federation provider also / (the
+dashboard), /capacity and /history.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certifi
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod
-from vkprovider.provider import HistorySource, LogOptions, LogProvider, ProviderError, ProviderNotFound, StatsProvider
+from vkprovider.provider import (
+    DashboardSource,
+    HistorySource,
+    LogOptions,
+    LogProvider,
+    ProviderError,
+    ProviderNotFound,
+    StatsProvider,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NO_RUN = "vkprovider does not serve /run (the kubelet's deprecated one-shot command); kubectl exec uses /exec"
@@ -287,6 +296,7 @@ def health_app(
     ready: Callable[[], bool],
     view: Callable[[], dict[str, Any]] | None = None,
     history: HistorySource | None = None,
+    dashboard: DashboardSource | None = None,
 ) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok") if alive() else web.Response(status=500, text="unhealthy\n")
@@ -312,7 +322,13 @@ def health_app(
         body = history.history(since, request.query.get("member") or None, request.query.get("resource") or None)
         return web.Response(text=json.dumps(body), content_type="application/json")
 
+    async def page(request: web.Request) -> web.Response:
+        if dashboard is None:
+            return web.Response(status=404, text="this provider has no dashboard\n")
+        return web.Response(body=dashboard.dashboard_page(), content_type="text/html", charset="utf-8")
+
     app = web.Application()
+    app.router.add_get("/", page)
     app.router.add_get("/capacity", capacity)
     app.router.add_get("/history", history_of)
     app.router.add_get("/healthz", healthz)

@@ -1,0 +1,108 @@
+"""The dashboard in a real browser (issue 13): headless Chromium opens the federation provider's
+page on the lab; the members, a job and the charts render with the lab's numbers (compared with
+the members' own objects); member-1's online load rises and the page's lendable figure and
+chart follow within 15 s. Screenshots are saved as test artifacts ($VKPROVIDER_ARTIFACTS, by
+default .artifacts/ in the repository)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import online
+from e2e.fixtures import Lab
+from federation import forge
+from tests.e2e.browser import Browser, wait_for
+from tests.e2e.helpers import eventually, make_namespace
+from tests.e2e.test_dispatch import cleanup_and_stop
+from tests.e2e.test_federation_capacity import federation_vk
+from tests.e2e.test_outages import plain_pod, start_provider
+from tests.e2e.test_runtime import running
+from vkprovider.kube import KubeClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+
+ARTIFACTS = Path(os.environ.get("VKPROVIDER_ARTIFACTS") or Path(__file__).parents[2] / ".artifacts")
+ROWS = "[...document.querySelectorAll('#members tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
+JOBS = "[...document.querySelectorAll('#jobs tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
+LAST_LENDABLE = (
+    'Number((document.querySelector(\'.chart[data-member="member-1"] polyline[data-kind="lendable"]\')'
+    " || {dataset: {}}).dataset.last)"
+)
+
+
+async def members_own_numbers(lab: Lab) -> dict[str, tuple[int, dict[str, int]]]:
+    """Per member: how many nodes it has and its GPUs per model, from its own Node objects."""
+    out = {}
+    for member in lab.members:
+        async with lab.client(member) as client:
+            nodes = (await client.get("/api/v1/nodes"))["items"]
+        gpus: dict[str, int] = {}
+        for node in nodes:
+            model = node["metadata"].get("labels", {}).get("nvidia.com/gpu.product")
+            if model:
+                gpus[model] = gpus.get(model, 0) + int(node["status"]["allocatable"].get("nvidia.com/gpu", 0))
+        out[member] = (len(nodes), gpus)
+    return out
+
+
+async def member_of(lab: Lab, ns: str, name: str) -> str | None:
+    for member in lab.members:
+        async with lab.client(member) as client:
+            for pod in (await client.get("/api/v1/pods"))["items"]:
+                annotations = pod["metadata"].get("annotations") or {}
+                if annotations.get(forge.ORIGIN_NAME) == name and annotations.get(forge.ORIGIN_NAMESPACE) == ns:
+                    return member
+    return None
+
+
+async def test_the_dashboard_shows_members_jobs_and_charts_and_follows_online_load(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    proc = federation_vk(lab, tmp_path, lab.members)
+    await start_provider(proc, 3)
+    ns = await make_namespace(offline, f"dash-{uuid.uuid4().hex[:6]}")
+    member_1 = lab.kubeconfig("member-1")
+    shots = ARTIFACTS / "dashboard"
+    try:
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", plain_pod("etl", proc.node))
+        await eventually(lambda: running(offline, ns, 1), timeout=60, what="the pod running in a member")
+        placed = await member_of(lab, ns, "etl")
+        own = await members_own_numbers(lab)
+        async with Browser(tmp_path / "chromium") as browser:
+            await browser.goto(f"http://127.0.0.1:{proc.health_port}/")
+            rows: list[list[str]] = await wait_for(browser, f"(r => r.length === 3 && r)({ROWS})")
+            table = {row[0]: row for row in rows}
+            for member, (nodes, gpus) in own.items():
+                assert table[member][1] == "yes"
+                assert table[member][2].endswith(f"/ {nodes}"), table[member]
+                for model, total in gpus.items():
+                    assert f"{model}: " in table[member][7] and f"/ {total}" in table[member][7], table[member]
+            jobs: list[list[str]] = await wait_for(browser, f"(r => r.length && r)({JOBS})")
+            assert [(j[1], j[2], j[4]) for j in jobs if j[0].startswith(f"{ns}/")] == [(placed, "1", "dispatched")]
+            await wait_for(browser, "document.querySelectorAll('.chart polyline[data-kind=\"lendable\"]').length === 3")
+            await browser.screenshot(shots / "members-jobs-charts.png")
+
+            before_cell = table["member-1"][3]
+            before_chart = await wait_for(browser, LAST_LENDABLE)
+            await online.set_load(member_1, cpu_share=0.7, wait=True, name="dashboard")
+            raised = time.monotonic()
+
+            async def moved() -> Any:
+                rows = await browser.eval(ROWS)
+                cell = {row[0]: row for row in rows}["member-1"][3]
+                chart = await browser.eval(LAST_LENDABLE)
+                return (cell, chart) if float(cell) < float(before_cell) and chart < before_chart else None
+
+            cell, chart = await eventually(moved, timeout=15, interval=0.25, what="the page following member-1's load")
+            took = time.monotonic() - raised
+            print(f"dashboard: lendable cpu {before_cell} -> {cell}, chart {before_chart} -> {chart} in {took:.1f}s")
+            await browser.screenshot(shots / "after-online-load.png")
+    finally:
+        await online.set_load(member_1, cpu_share=0, wait=True, name="dashboard")
+        await cleanup_and_stop(lab, offline, ns, proc)
