@@ -60,6 +60,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.reclaim_latency
 	$(BIN)/python -m bench.streams
 	$(BIN)/python -m bench.history_memory
+	$(BIN)/python -m bench.dashboard_scale
 
 clean: down
 	rm -rf $(VENV) $(LAB) *.egg-info

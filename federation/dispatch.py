@@ -44,6 +44,7 @@ from federation.jobs import (
 )
 from federation.membernamespaces import MemberNamespaces
 from federation.nativepods import NativePods
+from federation.tide import GangMetrics
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import (
@@ -294,6 +295,8 @@ class Dispatcher:
         self._outage = outage
         self.native_pods = NativePods(lambda: self.front, virtual_nodes)
         self.jobs: dict[str, Job] = {}
+        #: Set with the provider's metrics (federation.tide).
+        self.gang_metrics: GangMetrics | None = None
         #: Pods a member took away (shared with every member's MemberPods).
         self.tombstones: Tombstones = new_tombstones()
         #: Where each pod was last seen running (front-end ns/name -> member), so a pod whose
@@ -773,6 +776,8 @@ class Dispatcher:
         # The gang's core all at once, then the elastic rest.
         await asyncio.gather(*(one(k) for k in core))
         job.dispatched_at = time.monotonic()
+        if self.gang_metrics is not None and job.gang.is_gang:
+            self.gang_metrics.wait.observe(job.dispatched_at - (job.ready_at or job.dispatched_at))
         await asyncio.gather(*(one(k) for k in list(job.pods) if k not in job.core))
         if not retry:
             self._start_timer(job)
@@ -799,6 +804,8 @@ class Dispatcher:
         started = job.dispatched_at or job.ready_at or time.monotonic()
         while True:
             if self._gang_bound(job):
+                if self.gang_metrics is not None and job.dispatched_at is not None:
+                    self.gang_metrics.bind.observe(time.monotonic() - job.dispatched_at)
                 return
             if time.monotonic() - started >= job.gang.timeout:
                 break

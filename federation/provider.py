@@ -33,7 +33,7 @@ from federation.dispatch import Dispatcher, Job, MemberPods
 from federation.inventory import Inventory
 from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
-from federation.tide import FleetMetrics, MemberState, Tide, TideMetrics
+from federation.tide import FleetMetrics, GangMetrics, MemberState, Tide, TideMetrics
 from federation.watch import MemberWatcher
 from federation.webhook import RoutingWebhook
 from vkprovider import logs
@@ -745,9 +745,11 @@ class FederationProvider:
             self._dashboard = importlib.resources.files("federation").joinpath("dashboard/index.html").read_bytes()
         return self._dashboard
 
-    def history(self, since_seconds: float, member: str | None, resource: str | None) -> dict[str, Any]:
+    def history(
+        self, since_seconds: float, member: str | None, resource: str | None, points: int | None = None
+    ) -> dict[str, Any]:
         """The capacity history (federation.tide), served at /history on the plain port."""
-        return self.tide.query(since_seconds=since_seconds, member=member, resource=resource)
+        return self.tide.query(since_seconds=since_seconds, member=member, resource=resource, max_points=points)
 
     def _member_states(self) -> list[MemberState]:
         return [(name, m.reachable, m.summary) for name, m in sorted(self.members.items()) if m.config.enabled]
@@ -764,6 +766,7 @@ class FederationProvider:
         self.reclaimer.metrics = ReclaimMetrics(registry)
         registry.register(TideMetrics(self.tide))
         registry.register(FleetMetrics(self._member_states, self._job_states))
+        self.dispatcher.gang_metrics = GangMetrics(registry)
         self.orphans.deleted = PromCounter(
             "vkprovider_orphans_deleted",
             "Member pods of ours deleted because their front-end pod is gone, replaced or ended.",

@@ -127,6 +127,7 @@ class ReclaimMetrics:
     notices: Counter = field(init=False)
     cancelled: Counter = field(init=False)
     reclaimed: Counter = field(init=False)
+    lost: Counter = field(init=False)
     notice_length: Histogram = field(init=False)
     pending_to_freed: Histogram = field(init=False)
 
@@ -144,6 +145,12 @@ class ReclaimMetrics:
         self.reclaimed = Counter(
             "vkprovider_reclaimed_pods",
             "Member pods taken away, by member, band and cause (planner or the member's own).",
+            ["member", "band", "cause"],
+            registry=r,
+        )
+        self.lost = Counter(
+            "vkprovider_lost_pod_seconds",
+            "How long the pods taken away had run (work lost unless checkpointed), by member, band and cause.",
             ["member", "band", "cause"],
             registry=r,
         )
@@ -511,6 +518,9 @@ class Reclaimer:
         band = annotations.get(labels.BAND) or "worker-min"
         cause = "planner" if what.cause == disruption.PLANNER_REASON else what.cause
         self.metrics.reclaimed.labels(member, band, cause).inc()
+        started = parse_time((member_pod.get("status") or {}).get("startTime") or "")
+        if started is not None:
+            self.metrics.lost.labels(member, band, cause).inc(max(0.0, time.time() - started))
         job = annotations.get(forge.JOB_KEY) or ""
         origin = MemberPods.origin(member_pod)
         self._job_reports.setdefault((member, job), []).append((origin, what.pod_reason))

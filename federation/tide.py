@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -111,8 +112,17 @@ class Tide:
             "used": {k: i.at(now) for k, i in self.used.items()},
         }
 
-    def query(self, *, since_seconds: float, member: str | None = None, resource: str | None = None) -> dict[str, Any]:
-        """The history as JSON: {step, series: [{member, resource, kind, points: [[t, v]...]}]}."""
+    def query(
+        self,
+        *,
+        since_seconds: float,
+        member: str | None = None,
+        resource: str | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Any]:
+        """The history as JSON: {step, summary, series: [{member, resource, kind, points: [[t, v]...]}]},
+        each series thinned to `max_points` (a chart needs no more points than pixels); the
+        summary always comes from every point."""
         now = self.clock()
         step, series = self.history.query(since=now - since_seconds, now=now, member=member, resource=resource)
         return {
@@ -120,10 +130,27 @@ class Tide:
             "step": step,
             "summary": totals(series, step),
             "series": [
-                {"member": m, "resource": r, "kind": k, "points": [[t, round(v, 3)] for t, v in points]}
+                {
+                    "member": m,
+                    "resource": r,
+                    "kind": k,
+                    "points": [[t, round(v, 3)] for t, v in thin(points, max_points)],
+                }
                 for (m, r, k), points in series.items()
             ],
         }
+
+
+def thin(points: list[tuple[float, float]], most: int | None) -> list[tuple[float, float]]:
+    """At most `most` points: runs of consecutive points averaged, each at its first time."""
+    if most is None or most <= 0 or len(points) <= most:
+        return points
+    size = -(-len(points) // most)  # ceiling
+    out = []
+    for at in range(0, len(points), size):
+        run = points[at : at + size]
+        out.append((run[0][0], sum(v for _, v in run) / len(run)))
+    return out
 
 
 def totals(series: dict[Key, list[tuple[float, float]]], step: float) -> list[dict[str, Any]]:
@@ -218,3 +245,27 @@ class FleetMetrics(Collector):
         for state, count in sorted(self._jobs().items()):
             jobs.add_metric([state], count)
         yield from (reachable, lendable, used, jobs)
+
+
+GANG_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
+@dataclass
+class GangMetrics:
+    """How long gangs wait at the front end and how long members take to bind them."""
+
+    registry: CollectorRegistry
+
+    def __post_init__(self) -> None:
+        self.wait = Histogram(
+            "vkprovider_gang_wait_seconds",
+            "From a gang complete at the front end to its leaving for a member (waiting for capacity).",
+            buckets=GANG_BUCKETS,
+            registry=self.registry,
+        )
+        self.bind = Histogram(
+            "vkprovider_gang_bind_seconds",
+            "From a gang's dispatch to its minimum bound by the member's scheduler.",
+            buckets=GANG_BUCKETS,
+            registry=self.registry,
+        )

@@ -233,8 +233,11 @@ class Viewable(Protocol):
 class HistorySource(Protocol):
     """Optional: capacity over time (served at /history on the plain port)."""
 
-    def history(self, since_seconds: float, member: str | None, resource: str | None) -> dict[str, Any]:
-        """Series from `since_seconds` ago until now, optionally of one member or resource."""
+    def history(
+        self, since_seconds: float, member: str | None, resource: str | None, points: int | None = None
+    ) -> dict[str, Any]:
+        """Series from `since_seconds` ago until now, optionally of one member or resource, each
+        thinned to at most `points` points."""
 
 
 @runtime_checkable

@@ -173,6 +173,9 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
         assert group["metadata"]["annotations"]["vkprovider.io/member"] == "member-2"
         await asyncio.sleep(1)
         assert watch.seen == {"member-1": set(), "member-3": set()}, "other members saw the gang"
+        # The gang's wait and bind times are observed (issue 13's histograms).
+        assert await provider.metric("vkprovider_gang_wait_seconds_count") >= 1
+        assert await provider.metric("vkprovider_gang_bind_seconds_count") >= 1
     finally:
         await watch.stop()
         await cleanup(lab, offline, ns)

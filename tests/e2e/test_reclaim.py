@@ -604,6 +604,13 @@ async def test_disabling_or_removing_a_member_drains_it_through_notices(
         await eventually(forgotten, timeout=30, what="the removed member forgotten once drained")
         metrics = await _metrics(scene)
         assert 'vkprovider_reclaimed_pods_total{band="worker-min",cause="planner"' in metrics
+        # How long the reclaimed pods had run (issue 13: lost pod-seconds by band and cause).
+        lost = [
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith('vkprovider_lost_pod_seconds_total{band="worker-min",cause="planner"')
+        ]
+        assert lost and sum(lost) > 0, metrics
         assert "vkprovider_reclaim_notices_total" in metrics and "vkprovider_reclaim_notice_seconds_bucket" in metrics
     finally:
         await stop_scene(scene)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,15 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
         assert max(v for _, v in series[("cpu", "used")]) == pytest.approx(CPU * PODS_RUN)
         assert max(v for _, v in series[("gpu/Tesla-V100-SXM2-32GB", "used")]) == pytest.approx(GPU * PODS_RUN)
         assert series[("cpu", "lendable")] and series[("cpu", "online")]
+
+        # The daily summary, as `vkprovider status --since` prints it.
+        said = subprocess.run(
+            [sys.executable, "-m", "vkprovider.cli", "status", "--url", base, "--since", "10m"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert said.returncode == 0, said
+        row = next(line for line in said.stdout.splitlines() if "gpu/Tesla-V100-SXM2-32GB" in line)
+        assert row.split()[0] == "member-2" and "GPU-h" in row and row.endswith("%"), said.stdout
     finally:
         await watch.stop()
         await cleanup_and_stop(lab, offline, ns, proc)

@@ -104,3 +104,19 @@ def test_durations_read_as_people_write_them() -> None:
     for bad in ("", "h", "-1h", "tomorrow"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_a_series_is_thinned_to_what_a_chart_can_show_and_the_summary_keeps_every_point() -> None:
+    from federation.tide import thin
+
+    points = [(float(t), float(t % 4)) for t in range(10)]
+    assert thin(points, None) == points and thin(points, 20) == points
+    assert thin(points, 4) == [(0.0, 1.0), (3.0, 4 / 3), (6.0, 5 / 3), (9.0, 1.0)]
+    clock = Clock()
+    tide = Tide.with_tiers([(10.0, 8640)], clock=clock)
+    for _ in range(360):
+        tide.observe([member("m1", free_cpu=6000, ours_cpu=2000)])
+        clock.now += 10
+    view = tide.query(since_seconds=86400, max_points=36)
+    assert all(len(s["points"]) <= 36 for s in view["series"])
+    assert view["summary"][0]["lentHours"] == 8.0

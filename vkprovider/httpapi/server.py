@@ -317,9 +317,11 @@ def health_app(
             return web.Response(status=404, text="this provider keeps no history\n")
         try:
             since = parse_duration(request.query.get("since", "24h"))
+            points = int(request.query["points"]) if request.query.get("points") else None
         except ValueError as exc:
             return web.Response(status=400, text=f"{exc}\n")
-        body = history.history(since, request.query.get("member") or None, request.query.get("resource") or None)
+        member, resource = request.query.get("member") or None, request.query.get("resource") or None
+        body = history.history(since, member, resource, points)
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def page(request: web.Request) -> web.Response:
