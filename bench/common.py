@@ -13,13 +13,14 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import psutil
 import yaml
 
 from e2e import lab as lab_mod
+from vkprovider.kube import KubeClient
 
 
 def free_port() -> int:
@@ -115,7 +116,8 @@ class Provider:
 
 class Profile:
     """py-spy sampling `pid` while the block runs, as collapsed stacks in `path` (no-op when
-    `path` is None). py-spy is not a project dependency: install it to use this."""
+    `path` is None). Only samples holding the GIL count: the provider's own CPU, not its waits on
+    the network. py-spy is not a project dependency: install it to use this."""
 
     def __init__(self, pid: int, path: Path | None) -> None:
         self.pid, self.path = pid, path
@@ -125,7 +127,7 @@ class Profile:
         if self.path is not None:
             beside = Path(sys.executable).with_name("py-spy")  # installed in the venv
             spy = str(beside) if beside.exists() else "py-spy"
-            argv = [spy, "record", "-p", str(self.pid), "-r", "200", "--format", "raw", "--nonblocking"]
+            argv = [spy, "record", "-p", str(self.pid), "-r", "200", "--format", "raw", "--nonblocking", "--gil"]
             self.proc = subprocess.Popen([*argv, "-o", str(self.path)], stdout=subprocess.DEVNULL)
         return self
 
@@ -178,3 +180,35 @@ def lab_pids(state: Path, clusters: list[str]) -> dict[str, int]:
             if proc.pid:
                 pids[f"{cluster}/{kind}"] = proc.pid
     return pids
+
+
+class NamespaceWatch:
+    """A watch of one namespace's pods for the length of a block, each object handed to
+    `observed` as it arrives (at what time, the subclass records)."""
+
+    def __init__(self, client: KubeClient, namespace: str) -> None:
+        self.client, self.namespace = client, namespace
+        self.task: asyncio.Task[None] | None = None
+
+    def observed(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        rv = (await self.client.list(path))["metadata"]["resourceVersion"]
+        while True:  # the apiserver may end a watch early: go on from the last version seen
+            async for event in self.client.watch(path, resource_version=rv):
+                obj = event["object"]
+                rv = obj["metadata"].get("resourceVersion", rv)
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    self.observed(obj)
+
+    async def __aenter__(self) -> Self:
+        self.task = asyncio.create_task(self._run(), name=f"bench-watch/{self.namespace}")
+        await asyncio.sleep(0.3)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)

@@ -11,7 +11,10 @@ each arrives. Phases (--phases):
   - paced: N pods offered at each of --rates pods/s: added latency (bound in the front end ->
     created in the member) p50/p99;
   - gang: a 512-pod gang, from its last pod bound to all created in the member, and to all
-    bound there by the member's scheduler.
+    bound there by the member's scheduler;
+  - endtoend: N plain pods on a provider's pooled node over all the lab's members, from bound
+    to Running reported at the front end (bench.endtoend): the provider's CPU per pod and the
+    API calls per pod by verb, front end and members, from the apiservers' audit logs.
 Every phase reports each lab process's CPU in cores (1.0 = one core of the machine's two).
 Targets (issue 5): at least 70 % of the ceiling's throughput; added p99 under 250 ms at 100/s.
 Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--rates 20,50,100]
@@ -32,7 +35,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import CpuMeter, Profile, Provider, lab_pids, on_lab, per_pod
+from bench import endtoend
+from bench.common import CpuMeter, NamespaceWatch, Profile, Provider, lab_pids, on_lab, per_pod
 from e2e import lab as lab_mod
 from federation import forge
 from federation.config import MemberConfig
@@ -56,40 +60,19 @@ def _pod(name: str, *, node: str | None, group: str | None = None, cpu: str = "1
     return {"metadata": {"name": name}, "spec": spec}
 
 
-class Arrivals:
+class Arrivals(NamespaceWatch):
     """Times at which pods appear (ADDED) and get bound (nodeName set) in one namespace."""
 
     def __init__(self, client: KubeClient, namespace: str) -> None:
-        self.client = client
-        self.namespace = namespace
+        super().__init__(client, namespace)
         self.added: dict[str, float] = {}
         self.bound: dict[str, float] = {}
-        self.task: asyncio.Task[None] | None = None
 
-    async def _run(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods"
-        listed = await self.client.list(path)
-        rv = listed["metadata"]["resourceVersion"]
-        while True:
-            async for event in self.client.watch(path, resource_version=rv):
-                obj = event["object"]
-                rv = obj["metadata"].get("resourceVersion", rv)
-                name = obj["metadata"].get("name")
-                now = time.monotonic()
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    self.added.setdefault(name, now)
-                    if obj.get("spec", {}).get("nodeName"):
-                        self.bound.setdefault(name, now)
-
-    async def __aenter__(self) -> Arrivals:
-        self.task = asyncio.create_task(self._run(), name=f"bench-arrivals/{self.namespace}")
-        await asyncio.sleep(0.3)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+    def observed(self, obj: dict[str, Any]) -> None:
+        name, now = obj["metadata"].get("name"), time.monotonic()
+        self.added.setdefault(name, now)
+        if obj.get("spec", {}).get("nodeName"):
+            self.bound.setdefault(name, now)
 
     async def wait(self, count: int, *, bound: bool = False, timeout: float = 300) -> float:
         deadline = time.monotonic() + timeout
@@ -326,6 +309,9 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
             ]
         if "gang" in phases:
             result["gang"] = await bench.gang(512)
+    if "endtoend" in phases:
+        (workdir / "e2e").mkdir()
+        result["end_to_end"] = await endtoend.dispatched(state, workdir / "e2e", args.pods, profile=args.profile_e2e)
     result["targets"] = {"burst.ratio_to_ceiling": 0.7, "paced[100/s].added_ms_p99": 250}
     return result
 
@@ -335,11 +321,16 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=PodSettings().workers, help="the provider's pod workers")
     parser.add_argument("--rates", default="20,50,100", help="offered pods/s for the paced phase")
-    parser.add_argument("--phases", default="burst,floor,paced,gang", help="comma-separated: burst, floor, paced, gang")
+    parser.add_argument(
+        "--phases",
+        default="burst,floor,paced,gang,endtoend",
+        help="comma-separated: burst, floor, paced, gang, endtoend",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the burst, to FILE")
+    parser.add_argument("--profile-e2e", type=Path, default=None, help="py-spy the end-to-end phase, to FILE")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
     args = parser.parse_args()
-    spec = lab_mod.LabSpec(members=1, nodes_per_member=20)
+    spec = lab_mod.LabSpec(members=3, nodes_per_member=20)
     print(json.dumps(asyncio.run(on_lab(args.state, spec, lambda state, workdir: run(state, workdir, args))), indent=2))
 
 

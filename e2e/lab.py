@@ -155,7 +155,7 @@ def _write_cluster_files(lab: LabState, cluster: ClusterState) -> components.Clu
 
 def _start(lab: LabState, proc: ProcessState) -> ProcessState:
     proc.pid = procs.spawn(proc.argv, log_path=Path(proc.log))
-    lab.save()
+    lab.record(proc)
     return proc
 
 
@@ -504,7 +504,7 @@ def stop_cluster(state_dir: Path, name: str) -> None:
         raise LabError(f"{name} kube-apiserver is not running")
     procs.terminate([proc.pid] if proc.pid else [], lab.marker)
     proc.pid = None
-    lab.save()
+    lab.record(proc)
 
 
 async def start_cluster(state_dir: Path, name: str, *, fresh_components: bool = True) -> None:
@@ -529,7 +529,7 @@ async def start_cluster(state_dir: Path, name: str, *, fresh_components: bool = 
     except LabError:
         procs.terminate([proc.pid] if proc.pid else [], lab.marker)
         proc.pid = None
-        lab.save()
+        lab.record(proc)
         raise
     if fresh_components:
         await _restart_components(lab, cluster)

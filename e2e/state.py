@@ -10,13 +10,18 @@ Layout of DIR:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 STATE_FILE = "state.json"
+LOCK_FILE = "state.lock"
 FORMAT = 1
 
 
@@ -71,10 +76,38 @@ class LabState:
         return procs + ([self.etcd] if self.etcd else [])
 
     def save(self) -> None:
+        with _locked(self.root):
+            self._write()
+
+    def record(self, proc: ProcessState) -> None:
+        """Write one process's pid into the state file as the file has it now, every other entry
+        left alone: two clusters restarted at once (one test's member outage while another's runs)
+        each load the state, and a whole save by one would put back the other's old pids."""
+        with _locked(self.root):
+            current = load(self.root)
+            found = next((p for p in current.all_processes() if p.name == proc.name), None) if current else None
+            if current is None or found is None:
+                self._write()  # a process `up` is adding: this object is the only writer
+                return
+            found.pid = proc.pid
+            current._write()
+
+    def _write(self) -> None:
         path = self.root / STATE_FILE
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2))
         os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """The state file's lock, across processes and threads (each call opens its own descriptor)."""
+    with open(root / LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _process(data: dict[str, Any] | None) -> ProcessState | None:

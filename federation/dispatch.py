@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import disruption, forge, hybrid, outages, placement, podsecurity, reflect
+from federation import disruption, forge, hybrid, outages, placement, podsecurity, quantities, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import (
@@ -129,6 +129,11 @@ class MemberPods:
         self.failing = False
         self._on_listed = on_listed
         self.client: KubeClient | None = None
+        #: What our pods the member has not bound yet will take (front-end ns/name -> requests),
+        #: and their sum: the capacity summary counts a pod once it is on a node, so without
+        #: this a burst would place pods on room that earlier ones of the burst already claim.
+        self.assumed: dict[str, dict[str, int]] = {}
+        self.assumed_total: dict[str, int] = {}
         #: Namespaces ready for our pods, with the pod-security level their labels carry.
         self.namespaces: dict[str, str] = {}
         self._log = logs.get("member-pods", cluster=name)
@@ -189,7 +194,23 @@ class MemberPods:
         if self._on_disrupted is not None:
             self._on_disrupted(self.name, pod, what)
 
+    def assume(self, key: str, requests: dict[str, int]) -> None:
+        """A pod on its way to this member, or in it and not yet bound: its room is taken."""
+        if key not in self.assumed:
+            self.assumed[key] = requests
+            self.assumed_total = quantities.add(self.assumed_total, requests)
+
+    def unassume(self, key: str) -> None:
+        requests = self.assumed.pop(key, None)
+        if requests is not None:
+            self.assumed_total = quantities.add(self.assumed_total, requests, -1)
+
     def _put(self, pod: dict[str, Any]) -> None:
+        key = self.origin(pod)
+        if pod.get("spec", {}).get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self.unassume(key)  # on a node: the capacity summary counts it from now on
+        elif key not in self.assumed:
+            self.assume(key, pod_requests(pod.get("spec") or {}))
         self.record(pod)
         if (pod.get("status") or {}).get("phase") == "Failed":
             self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
@@ -200,47 +221,71 @@ class MemberPods:
         current = self.by_origin.get(key)
         if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
             del self.by_origin[key]
+            self.unassume(key)
             self._count(self._job_label(current), -1)
             self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
         self._on_change(key)
 
-    async def run(self) -> None:
+    def ours(self, pod: dict[str, Any]) -> bool:
+        """A member pod this instance made (what the label selector of our own watch picks)."""
+        found = (pod.get("metadata") or {}).get("labels") or {}
+        return found.get(forge.MANAGED) == "true" and found.get(forge.INSTANCE) == self.instance
+
+    # The feed: our pods as listed and watched, by our own watch or by the member's capacity
+    # watch (federation.watch), which sees every pod anyway: one watch of the member's pods
+    # then serves both, and each event is decoded once.
+
+    def listed(self, items: list[dict[str, Any]]) -> None:
+        """A fresh list of our pods: what is gone since is dropped, the rest put."""
+        seen = {self.origin(p) for p in items}
+        for key in [k for k in self.by_origin if k not in seen]:
+            self._drop(self.by_origin[key])
+        for pod in items:
+            self._put(pod)
+        self.synced.set()
+        self.failing = False
+        if self._on_listed is not None:
+            self._on_listed(self.name)
+
+    def event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._drop(pod)
+        else:
+            self._put(pod)
+
+    def failed(self, error: Exception) -> None:
+        """The list or watch failed: what is held is the last known state, not the present."""
+        self.failing = True
+        self._log.warning("member pod watch failed", error=str(error))
+
+    async def run(self, *, watch: bool = True) -> None:
+        """Hold the member client (for our writes) and, with `watch`, list and watch our pods;
+        without, the feed comes from elsewhere (`listed`, `event`, `failed`)."""
         params = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={self.instance}"}
         async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
             self.client = client
+            if not watch:
+                await asyncio.Event().wait()  # until cancelled
             failures = 0
             while True:
                 try:
                     listed = await client.list("/api/v1/pods", params=params)
-                    seen = {self.origin(p) for p in listed["items"]}
-                    for key in [k for k in self.by_origin if k not in seen]:
-                        self._drop(self.by_origin[key])
-                    for pod in listed["items"]:
-                        self._put(pod)
-                    self.synced.set()
-                    self.failing = False
-                    if self._on_listed is not None:
-                        self._on_listed(self.name)
+                    self.listed(listed["items"])
                     rv = listed["metadata"]["resourceVersion"]
                     failures = 0
                     while True:
                         async for event in client.watch("/api/v1/pods", resource_version=rv, params=params):
                             obj = event["object"]
                             rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                            if event["type"] == "BOOKMARK":
-                                continue
-                            if event["type"] == "DELETED":
-                                self._drop(obj)
-                            else:
-                                self._put(obj)
+                            if event["type"] != "BOOKMARK":
+                                self.event(event["type"], obj)
                 except Gone:
                     continue
                 except ApiError as exc:
                     failures += 1
-                    self.failing = True
-                    self._log.warning("member pod watch failed", error=str(exc))
+                    self.failed(exc)
                     await asyncio.sleep(min(5.0, 0.25 * 2**failures))
 
 
@@ -306,6 +351,8 @@ class Dispatcher:
         self.front: KubeClient | None = None
         self.events: EventRecorder | None = None
         self._services: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self._services_lock: dict[str, asyncio.Lock] = {}
+        self._levels_needed: TTLCache[str, podsecurity.Level] = TTLCache(maxsize=100_000, ttl=3600)
         self.member_namespaces = MemberNamespaces()
         self._log = logs.get("dispatch", instance=instance)
 
@@ -357,8 +404,8 @@ class Dispatcher:
         if pods.client is None:
             raise ProviderError(f"member {member} is not connected")
         config = entry.config
-        refused = podsecurity.check(pod, config.pod_security)
-        if refused:
+        if not podsecurity.admits(config.pod_security, self._needs(pod)):
+            refused = podsecurity.check(pod, config.pod_security)
             # `create` checked the pod against this member, and placement skips members that
             # refuse a job's pods: only a level changed since gets here. Its own sync fails it.
             self._notify(pod_key(pod))
@@ -393,10 +440,16 @@ class Dispatcher:
                 message=f"runs in member {member} as its service account {config.service_account!r}; "
                 "front-end service-account tokens are not carried",
             )
+        key = pod_key(pod)
+        pods.assume(key, pod_requests(pod["spec"]))
         try:
             created = await pods.client.create(f"/api/v1/namespaces/{namespace}/pods", body)
         except AlreadyExists:
+            pods.unassume(key)
             return  # created before a restart: the watch reports it
+        except BaseException:
+            pods.unassume(key)
+            raise
         pods.created(created)
 
     async def _reflect(self, client: KubeClient, member_pod: dict[str, Any], *, front_namespace: str) -> None:
@@ -411,15 +464,24 @@ class Dispatcher:
             except NotFound:
                 continue  # the member pod waits for it, as a kubelet would
             await self._put_copy(client, plural, reflect.copy_of(source, namespace=namespace, instance=self.instance))
-        services = self._services.get(front_namespace)
-        if services is None or time.monotonic() - services[0] > 5:
-            listed = await self.front.list(f"/api/v1/namespaces/{front_namespace}/services")
-            services = (time.monotonic(), listed["items"])
-            self._services[front_namespace] = services
-        for svc in reflect.headless_services_for(member_pod["metadata"].get("labels") or {}, services[1]):
+        for svc in reflect.headless_services_for(
+            member_pod["metadata"].get("labels") or {}, await self._front_services(front_namespace)
+        ):
             copy = reflect.service_copy(svc, namespace=namespace, instance=self.instance)
             with contextlib.suppress(AlreadyExists):
                 await client.create(f"/api/v1/namespaces/{namespace}/services", copy)
+
+    async def _front_services(self, namespace: str) -> list[dict[str, Any]]:
+        """The front-end namespace's Services, listed at most every 5 s, and once for a burst of
+        pods that all ask at the same moment."""
+        assert self.front is not None
+        async with self._services_lock.setdefault(namespace, asyncio.Lock()):
+            services = self._services.get(namespace)
+            if services is None or time.monotonic() - services[0] > 5:
+                listed = await self.front.list(f"/api/v1/namespaces/{namespace}/services")
+                services = (time.monotonic(), listed["items"])
+                self._services[namespace] = services
+            return services[1]
 
     @staticmethod
     async def _put_copy(client: KubeClient, plural: str, copy: dict[str, Any]) -> None:
@@ -669,7 +731,7 @@ class Dispatcher:
         levels = {n: members[n].config.pod_security for n in names if n in members}
         if not levels:
             return None
-        needs = podsecurity.needed(pod)
+        needs = self._needs(pod)
         if any(podsecurity.admits(level, needs) for level in levels.values()):
             return None
         if pinned:
@@ -683,12 +745,23 @@ class Dispatcher:
                 parts.append(f"{', '.join(at)} ({level}) {verb} {podsecurity.describe(podsecurity.check(pod, level))}")
         return f"no member's pod security admits the pod: {'; '.join(parts)}"
 
+    def _needs(self, pod: Pod) -> podsecurity.Level:
+        """The strictest level that admits the pod, worked out once per pod: what pod security
+        judges (security contexts, volumes, host namespaces) cannot change after creation."""
+        uid = pod["metadata"].get("uid", "")
+        needs = self._levels_needed.get(uid) if uid else None
+        if needs is None:
+            needs = podsecurity.needed(pod)
+            if uid:
+                self._levels_needed[uid] = needs
+        return needs
+
     def _refusing(self, job: Job) -> set[str]:
         """Members whose pod-security level refuses some pod of the job (placement skips them)."""
         levels = {n: m.config.pod_security for n, m in self._members().items()}
         if all(level == "privileged" for level in levels.values()):
             return set()
-        needs = {podsecurity.needed(p) for p in job.pods.values()}
+        needs = {self._needs(p) for p in job.pods.values()}
         return {n for n, level in levels.items() if not all(podsecurity.admits(level, x) for x in needs)}
 
     def _forget_pod(self, job: Job, key: str) -> None:
@@ -742,7 +815,8 @@ class Dispatcher:
         capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
         wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(core))
         excluded = job.excluded | self._refusing(job)
-        found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=excluded)
+        reserved = {n: p.assumed_total for n in capacities if (p := self.pods_in(n)) is not None and p.assumed}
+        found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=excluded, reserved=reserved)
         if not found:
             if not job.gang.is_gang:
                 raise ProviderError("no member cluster can host this pod now")

@@ -16,14 +16,13 @@ Back: phase, conditions, container statuses, pod IP, start time, reason and mess
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Any
 
 from federation import bands, labels, quantities
 from federation.jobs import GangSpec, JobRef
 from federation.placement import Placement
-from vkprovider.objects import Pod, PodStatus
+from vkprovider.objects import Pod, PodStatus, clone
 
 MANAGED = labels.MANAGED
 ORIGIN_UID = "vkprovider.io/origin-uid"
@@ -117,7 +116,7 @@ def to_member(
     (`gang_role`; the native gang refuses mixed priorities); elastic pods beyond the minimum
     join no gang and keep their own role's class."""
     meta = pod["metadata"]
-    spec = copy.deepcopy(pod["spec"])
+    spec = clone(pod["spec"])
     for field in ("nodeName", "schedulingGates", "schedulingGroup", "priority", "preemptionPolicy", "overhead"):
         spec.pop(field, None)
     spec["tolerations"] = [t for t in spec.get("tolerations") or [] if t.get("key") not in VIRTUAL_TOLERATION_KEYS]
@@ -251,9 +250,11 @@ OWN_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "Containe
 
 
 def status_from_member(member_pod: dict[str, Any]) -> PodStatus:
-    """The front-end status of a pod from its member pod (hostIP is the runtime's to set)."""
+    """The front-end status of a pod from its member pod (hostIP is the runtime's to set). Nested
+    values are the member pod's own, not copies: the runtime copies what it keeps
+    (vkprovider.podstatus.desired_status); a copy here as well copied every status twice."""
     status = member_pod.get("status") or {}
-    out: dict[str, Any] = {k: copy.deepcopy(status[k]) for k in STATUS_FIELDS if k in status}
+    out: dict[str, Any] = {k: status[k] for k in STATUS_FIELDS if k in status}
     conditions = [c for c in status.get("conditions") or [] if c.get("type") in OWN_CONDITIONS]
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
     if not member_pod.get("spec", {}).get("nodeName") and out.get("phase", "Pending") == "Pending":

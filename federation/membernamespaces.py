@@ -4,10 +4,13 @@ that gives the provider its rights there and the tenant's quota, in that order.
 
 Done once per member namespace and level; `known` (the member's cache, namespace -> level)
 remembers what is done, so a pod's create costs no request here once its namespace is ready.
+Concurrent creates for one namespace wait for the first to finish instead of each repeating its
+writes (a burst of a new namespace's pods made 5 namespace and 15 PriorityClass creates per member).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from federation import bands, forge, podsecurity
@@ -22,6 +25,7 @@ ACCOUNT_WAIT = 15.0
 class MemberNamespaces:
     def __init__(self) -> None:
         self._priority_classes: set[str] = set()  # members whose classes this run created
+        self._busy: dict[tuple[str, str], asyncio.Lock] = {}  # (member, namespace) -> its readying
 
     async def ensure(
         self,
@@ -31,9 +35,18 @@ class MemberNamespaces:
         namespace: str,
         known: dict[str, str] | None,
     ) -> None:
+        if known is not None and known.get(namespace) == config.pod_security:
+            return
+        # One lock per member namespace ever readied: as few as the namespaces themselves.
+        async with self._busy.setdefault((member, namespace), asyncio.Lock()):
+            await self._ensure(member, config, client, namespace, known)
+
+    async def _ensure(
+        self, member: str, config: MemberConfig, client: KubeClient, namespace: str, known: dict[str, str] | None
+    ) -> None:
         level = config.pod_security
         if known is not None and known.get(namespace) == level:
-            return
+            return  # readied while this one waited
         account = config.service_account
         if config.tenancy is not None:
             # Onboarding made the PriorityClasses; the tenant's account may not.

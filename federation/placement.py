@@ -31,6 +31,12 @@ def _order(request: dict[str, int]) -> tuple[int, int, int]:
 
 def pack(nodes: Iterable[NodeFree], requests: list[dict[str, int]]) -> int | None:
     """Pack the requests onto the nodes (first fit, largest first); the CPU left over, or None."""
+    if len(requests) == 1:  # a plain pod, the most common case: no copy of every node's vector
+        nodes = list(nodes)
+        request = requests[0]
+        if not any(quantities.fits(request, n.free) for n in nodes):
+            return None
+        return sum(n.free.get(quantities.CPU, 0) for n in nodes) - request.get(quantities.CPU, 0)
     free = [dict(n.free) for n in nodes]
     for request in sorted(requests, key=_order, reverse=True):
         for vec in free:
@@ -57,12 +63,20 @@ def candidates(
     *,
     weights: dict[str, int] | None = None,
     exclude: Iterable[str] = (),
+    reserved: dict[str, dict[str, int]] | None = None,
 ) -> list[Placement]:
-    """Members able to take all of `requests` at once, best first."""
+    """Members able to take all of `requests` at once, best first. `reserved`: what pods already
+    sent to a member, not yet on a node there, will take of its lendable sum (no node known)."""
     excluded = set(exclude)
     found: list[tuple[int, int, Placement]] = []
+    total: dict[str, int] = {}
+    for request in requests:
+        total = quantities.add(total, request)
     for name, capacity in capacities.items():
         if name in excluded or not capacity.reachable:
+            continue
+        held = (reserved or {}).get(name)
+        if held and capacity.lendable and not quantities.fits(quantities.add(total, held), capacity.lendable):
             continue
         nodes = [n for n in capacity.nodes if gang.gpu_model is None or n.gpu_product == gang.gpu_model]
         options: list[Placement] = []

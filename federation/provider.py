@@ -348,7 +348,6 @@ class FederationProvider:
         self.members[config.name] = member
         if config.enabled:
             loop = asyncio.get_running_loop()
-            member.task = loop.create_task(source.run(), name=f"federation/member/{config.name}")
             if access is not None:
                 member.pods = MemberPods(
                     config.name,
@@ -360,7 +359,14 @@ class FederationProvider:
                     tombstones=self.dispatcher.tombstones,
                     on_listed=self.orphans.request,
                 )
-                member.pods_task = loop.create_task(member.pods.run(), name=f"federation/pods/{config.name}")
+                # A direct source watches the member's pods anyway: ours come from that watch.
+                shared = False
+                if isinstance(source, DirectSource):
+                    source.watcher.pods, shared = member.pods, True
+                member.pods_task = loop.create_task(
+                    member.pods.run(watch=not shared), name=f"federation/pods/{config.name}"
+                )
+            member.task = loop.create_task(source.run(), name=f"federation/member/{config.name}")
         self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
         self._node_set_changed()
         self._changed()

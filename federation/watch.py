@@ -2,8 +2,12 @@
 watched into a compact Inventory.
 
 Only what capacity needs is kept (`federation.inventory`); pods are watched with a field
-selector that leaves out unbound and finished ones. Watch expiry (410) relists, failures
-reconnect with backoff, and `last_contact` tells how long ago the member last answered.
+selector that leaves out finished ones. Watch expiry (410) relists, failures reconnect with
+backoff, and `last_contact` tells how long ago the member last answered.
+
+With a `pods` feed (the dispatcher's MemberPods), the pod watch has no selector and serves both:
+live pods go to the inventory, our own pods (finished ones too) to the feed, so the member's
+pods are watched once and each event decoded once.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from federation.inventory import Inventory
 from vkprovider import logs
@@ -22,6 +26,48 @@ PODS = "/api/v1/pods"
 TOPOLOGIES = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 #: Live pods, bound or not: unbound online pods that wait for room are what reclaim serves.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class PodFeed(Protocol):
+    """Where our own member pods go (federation.dispatch.MemberPods)."""
+
+    def ours(self, pod: dict[str, Any]) -> bool: ...
+
+    def listed(self, items: list[dict[str, Any]]) -> None: ...
+
+    def event(self, kind: str, pod: dict[str, Any]) -> None: ...
+
+    def failed(self, error: Exception) -> None: ...
+
+
+def _finished(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class SharedPods:
+    """One watch of all the member's pods, shared: live ones to the inventory, ours (finished
+    ones too) to the feed."""
+
+    def __init__(self, inventory: Inventory, feed: PodFeed) -> None:
+        self.inventory, self.feed = inventory, feed
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self.inventory.replace_pods([p for p in items if not _finished(p)])
+        self.feed.listed([p for p in items if self.feed.ours(p)])
+
+    def upsert(self, pod: dict[str, Any]) -> None:
+        # A pod that finished leaves the inventory, as it left the field selector's set.
+        if _finished(pod):
+            self.inventory.delete_pod(pod)
+        else:
+            self.inventory.upsert_pod(pod)
+        if self.feed.ours(pod):
+            self.feed.event("MODIFIED", pod)
+
+    def delete(self, pod: dict[str, Any]) -> None:
+        self.inventory.delete_pod(pod)
+        if self.feed.ours(pod):
+            self.feed.event("DELETED", pod)
 
 
 class MemberWatcher:
@@ -46,6 +92,8 @@ class MemberWatcher:
         self.last_contact_wall: float | None = None
         self.last_error: str | None = None
         self.client: KubeClient | None = None
+        #: Set before `run` to watch the member's pods once for capacity and dispatch.
+        self.pods: PodFeed | None = None
         self._log = logs.get("member-watch", cluster=name)
 
     def _contact(self) -> None:
@@ -68,6 +116,7 @@ class MemberWatcher:
         replace: Callable[[list[dict[str, Any]]], None],
         upsert: Callable[[dict[str, Any]], None],
         delete: Callable[[dict[str, Any]], None],
+        failed: Callable[[Exception], None] = lambda error: None,
     ) -> None:
         assert self.client is not None
         failures = 0
@@ -105,6 +154,7 @@ class MemberWatcher:
                 await asyncio.sleep(60)
             except ApiError as exc:
                 failures += 1
+                failed(exc)
                 self.last_error = f"{kind}: {exc.reason}: {exc.message[:200]}"
                 self._on_change()
                 await asyncio.sleep(min(5.0, 0.25 * 2**failures))
@@ -120,6 +170,28 @@ class MemberWatcher:
             self._on_change()
             await asyncio.sleep(self._health_interval)
 
+    def _pods_loop(self) -> Coroutine[Any, Any, None]:
+        inv = self.inventory
+        if self.pods is None:
+            return self._loop(
+                "pods",
+                PODS,
+                params={"fieldSelector": LIVE_PODS},
+                replace=inv.replace_pods,
+                upsert=inv.upsert_pod,
+                delete=inv.delete_pod,
+            )
+        shared = SharedPods(inv, self.pods)
+        return self._loop(
+            "pods",
+            PODS,
+            params=None,
+            replace=shared.replace,
+            upsert=shared.upsert,
+            delete=shared.delete,
+            failed=self.pods.failed,
+        )
+
     async def run(self) -> None:
         self._started = time.monotonic()
         inv = self.inventory
@@ -134,14 +206,7 @@ class MemberWatcher:
             "nodes": self._loop(
                 "nodes", NODES, params=None, replace=inv.replace_nodes, upsert=inv.upsert_node, delete=delete_node
             ),
-            "pods": self._loop(
-                "pods",
-                PODS,
-                params={"fieldSelector": LIVE_PODS},
-                replace=inv.replace_pods,
-                upsert=inv.upsert_pod,
-                delete=inv.delete_pod,
-            ),
+            "pods": self._pods_loop(),
             "topologies": self._loop(
                 "topologies",
                 TOPOLOGIES,

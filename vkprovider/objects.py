@@ -6,7 +6,11 @@ spelled out, and every dict stays a plain dict at run time.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
+
+import orjson
+
+_T = TypeVar("_T")
 
 
 class ObjectMeta(TypedDict, total=False):
@@ -77,3 +81,9 @@ def pod_key(pod: Pod) -> str:
 def split_key(key: str) -> tuple[str, str]:
     namespace, _, name = key.partition("/")
     return namespace, name
+
+
+def clone(obj: _T) -> _T:
+    """A deep copy of decoded JSON (dicts, lists, strings, numbers): a round trip through orjson,
+    several times cheaper than copy.deepcopy on the pod-sized objects of the hot paths."""
+    return cast(_T, orjson.loads(orjson.dumps(obj)))

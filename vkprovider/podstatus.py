@@ -5,11 +5,10 @@ lost pods). No I/O: table-tested without an event loop.
 
 from __future__ import annotations
 
-import copy
 import datetime
 from typing import Any
 
-from vkprovider.objects import ContainerStatus, Pod, PodCondition, PodStatus
+from vkprovider.objects import ContainerStatus, Pod, PodCondition, PodStatus, clone
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -79,9 +78,7 @@ def desired_status(api_pod: Pod, provider_status: PodStatus, *, host_ip: str) ->
     other writers own kept as they are, and transition times kept while a condition holds."""
     current = api_pod.get("status", {})
     desired: PodStatus = {}
-    for field in OWNED_FIELDS:
-        if field in provider_status:
-            desired[field] = copy.deepcopy(provider_status[field])  # type: ignore[literal-required]
+    desired.update(clone({f: provider_status[f] for f in OWNED_FIELDS if f in provider_status}))  # type: ignore[typeddict-item,literal-required]
     desired["hostIP"] = host_ip
     desired["hostIPs"] = [{"ip": host_ip}]
     if "startTime" not in desired and current.get("startTime"):

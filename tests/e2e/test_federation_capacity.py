@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from e2e import audit, online
 from e2e import lab as lab_mod
-from e2e import online
 from e2e.fixtures import Lab
 from tests.e2e.helpers import eventually, install_member_cluster_crd
 from tests.e2e.vk import VkProcess, free_port
@@ -96,13 +96,24 @@ def node_vector(node: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def federation_vk(lab: Lab, workdir: Path, members: list[str], **overrides: Any) -> VkProcess:
+def federation_vk(
+    lab: Lab, workdir: Path, members: list[str], *, audited_as: str | None = None, **overrides: Any
+) -> VkProcess:
+    """A federation provider over `members`; with `audited_as`, under that user name in every
+    cluster, whose requests the lab's audit logs record (e2e.audit)."""
     node = f"vk-fed-{uuid.uuid4().hex[:6]}"
+
+    def kubeconfig(cluster: str) -> str:
+        if audited_as is None:
+            return str(lab.kubeconfig(cluster))
+        return str(audit.user_kubeconfig(lab.state, cluster, audited_as, groups=("system:masters",)))
+
     settings = {
         "provider.type": "federation",
         "node.provider_id": "federation",
+        "kube.kubeconfig": kubeconfig("offline"),
         "provider.federation": {
-            "members": [{"name": m, "kubeconfig": str(lab.kubeconfig(m))} for m in members],
+            "members": [{"name": m, "kubeconfig": kubeconfig(m)} for m in members],
             "unreachable_grace": UNREACHABLE_GRACE,
             "publish_interval": PUBLISH_INTERVAL,
         },

@@ -143,7 +143,8 @@ async def test_a_privileged_member_runs_them_and_relabels_its_namespace(
         for m in lab.members
     ]
     federation = {"members": members, "unreachable_grace": UNREACHABLE_GRACE, "publish_interval": PUBLISH_INTERVAL}
-    proc = federation_vk(lab, tmp_path, lab.members, **{"provider.federation": federation})
+    proc = federation_vk(lab, tmp_path, lab.members)
+    proc.overrides["provider.federation"] = federation
     ns = f"psa-priv-{uuid.uuid4().hex[:6]}"
     # A namespace of ours from before, labelled for baseline: relabelled before a pod goes there
     # (else member-2's own admission would refuse the pods).

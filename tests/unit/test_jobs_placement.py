@@ -97,6 +97,14 @@ def test_pack_is_first_fit_decreasing() -> None:
     assert pack(nodes, [{GPU: 6}, {GPU: 2}, {GPU: 2}, {GPU: 6}]) is not None  # needs largest-first
 
 
+@pytest.mark.parametrize("request_", [{"cpu": 500}, {GPU: 8, "cpu": 9000}, {GPU: 9}, {"cpu": 10001}, {}])
+def test_one_pod_packs_as_the_general_first_fit_would(request_: dict[str, int]) -> None:
+    # The single-request shortcut skips copying every node's vector: same answer as two
+    # requests of which the second is empty.
+    nodes = [*_nodes("n", 3, 4), *_nodes("m", 1, 8)]
+    assert pack(nodes, [request_]) == pack(nodes, [request_, {}])
+
+
 def test_candidates_need_the_whole_gang_in_one_member_and_domain() -> None:
     capacities = {
         "m1": MemberCapacity(name="m1", nodes=_nodes("a", 4, 4)),  # 16 GPUs, but 8 per network pod
@@ -124,3 +132,25 @@ def test_weights_order_candidates_then_tightest_fit() -> None:
     gang = [{GPU: 8}]
     assert [p.member for p in candidates(capacities, gang, GangSpec())] == ["small", "big"]  # tighter fit
     assert [p.member for p in candidates(capacities, gang, GangSpec(), weights={"big": 5})] == ["big", "small"]
+
+
+def _node(name: str, cpu: int, pods: int) -> NodeFree:
+    return NodeFree(name, {"cpu": cpu, "pods": pods}, None, None, None)
+
+
+def test_room_claimed_by_pods_sent_and_not_yet_bound_is_not_offered_again() -> None:
+    # A burst of plain pods: the member's summary counts a pod once it is on a node, so pods
+    # already sent (reserved) must be subtracted from its lendable sum, or the tightest member
+    # takes more than it has (pod slots, in the 3,000-pod benchmark that found this).
+    caps = {
+        "tight": MemberCapacity(name="tight", lendable={"cpu": 4000, "pods": 4}, nodes=[_node("t", 4000, 4)]),
+        "roomy": MemberCapacity(name="roomy", lendable={"cpu": 80000, "pods": 400}, nodes=[_node("r", 80000, 400)]),
+    }
+    one = [{"cpu": 100, "pods": 1}]
+    plain = GangSpec(min_member=1, timeout=60)
+    assert candidates(caps, one, plain)[0].member == "tight"
+    assert [p.member for p in candidates(caps, one, plain, reserved={"tight": {"cpu": 300, "pods": 3}})] == [
+        "tight",
+        "roomy",
+    ]
+    assert [p.member for p in candidates(caps, one, plain, reserved={"tight": {"cpu": 400, "pods": 4}})] == ["roomy"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
 
-from vkprovider.kube import errors, paths
+from vkprovider.kube import client, errors, paths
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 
 
@@ -78,3 +79,15 @@ def test_kubeconfig_exec_plugins_are_used_and_malformed_ones_refused_clearly() -
         parse_kubeconfig(_kubeconfig({"exec": {"command": "aws"}}), base=Path("/"))
     with pytest.raises(KubeconfigError, match="auth-provider"):
         parse_kubeconfig(_kubeconfig({"auth-provider": {"name": "oidc"}}), base=Path("/"))
+
+
+def test_decoded_objects_leave_managed_fields_out() -> None:
+    # Nothing reads them, and in a cache of pods they are the largest part of each.
+    managed = [{"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+    pod = {"metadata": {"name": "p", "managedFields": managed}, "status": {"phase": "Running"}}
+    decoded = client._decode(json.dumps({"kind": "PodList", "items": [pod, pod]}))
+    assert decoded is not None and all("managedFields" not in i["metadata"] for i in decoded["items"])
+    single = client._decode(json.dumps(pod))
+    assert single == {"metadata": {"name": "p"}, "status": {"phase": "Running"}}
+    event = client._watch_event(json.dumps({"type": "MODIFIED", "object": pod}).encode())
+    assert event["object"]["metadata"] == {"name": "p"}

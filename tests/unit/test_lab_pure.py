@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from e2e import cli, components, nodes, online, ports
+from e2e import cli, components, nodes, online, ports, state
 from e2e import lab as lab_mod
 from e2e.lab import LabError, LabSpec
-from e2e.state import ClusterState
+from e2e.state import ClusterState, LabState, ProcessState
 
 
 def test_port_plan_is_a_dense_block() -> None:
@@ -169,3 +169,22 @@ def test_a_labs_marker_does_not_match_a_lab_whose_directory_starts_the_same() ->
     lab = LabState(state_dir="/tmp/lab", lab_id="/tmp/lab", data_dir="/dev/shm/x", version="v1.37.2")
     assert lab.marker in "/bin/etcd --data-dir=/tmp/lab/etcd-data"
     assert lab.marker not in "/bin/etcd --data-dir=/tmp/lab-psa/etcd-data"  # another lab: not ours to stop
+
+
+def test_two_clusters_restarted_at_once_keep_each_others_pids(tmp_path: Path) -> None:
+    # Each restart loads the state on its own; one saving its whole copy put back the other's old
+    # pids, and a later restart then started a second controller manager on a busy port.
+    lab = LabState(state_dir=str(tmp_path), lab_id=str(tmp_path), data_dir=str(tmp_path / "data"), version="v")
+    for name in ("member-1", "member-3"):
+        proc = ProcessState(name=f"{name}-kcm", argv=[], log="", pid=100)
+        lab.clusters[name] = ClusterState(name=name, role="member", apiserver_port=1, processes={"kcm": proc})
+    lab.save()
+    one, three = state.load(tmp_path), state.load(tmp_path)
+    assert one is not None and three is not None
+    one.clusters["member-1"].processes["kcm"].pid = 201
+    one.record(one.clusters["member-1"].processes["kcm"])
+    three.clusters["member-3"].processes["kcm"].pid = 303
+    three.record(three.clusters["member-3"].processes["kcm"])
+    after = state.load(tmp_path)
+    assert after is not None
+    assert {n: c.processes["kcm"].pid for n, c in after.clusters.items()} == {"member-1": 201, "member-3": 303}

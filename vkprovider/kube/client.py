@@ -350,6 +350,16 @@ class KubeClient:
             await asyncio.sleep(0.2)
 
 
+def _lean(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without metadata.managedFields, which nothing here reads and which is often
+    the largest part of a pod held in a cache (a client that replaces an object without them
+    leaves the server's record as it is)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
 def _decode(text: str | bytes) -> dict[str, Any] | None:
     if not text:
         return None
@@ -357,12 +367,17 @@ def _decode(text: str | bytes) -> dict[str, Any] | None:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    for item in value.get("items") or ():
+        if isinstance(item, dict):
+            _lean(item)
+    return _lean(value)
 
 
 def _watch_event(line: bytes) -> WatchEvent:
     event = orjson.loads(line)
-    obj = event.get("object") or {}
+    obj = _lean(event.get("object") or {})
     if event.get("type") == "ERROR":
         code = int(obj.get("code") or 500)
         raise error_for(code, obj, str(obj.get("message", "")))

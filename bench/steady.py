@@ -1,0 +1,147 @@
+"""Benchmark: a steady state of many pods (10,000 by default) on one provider's pooled node over
+all the lab's members, what holding them costs, and how fast status comes back under churn.
+
+Reports:
+  - the provider's RSS before and with the pods, and per mirrored pod (target: under 8 KiB);
+  - its CPU at rest with them (status resync, node heartbeats, capacity publishing; target:
+    under 0.05 cores);
+  - under a churn of --churn pods/s (one new pod created and one old deleted each 1/churn s):
+    the status round trip, member pod Running -> front-end pod Running, p50/p99 (target: p99
+    under 500 ms), both seen by this process's own watches; and the provider's cores meanwhile.
+The lab must hold the pods: 110 per node, so at least 35 nodes per member for 10,000 over three;
+without --state a lab of 3 members x 40 nodes is started.
+Run: `.venv/bin/python -m bench.steady [--state DIR] [--pods 10000] [--churn 20] [--seconds 60]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import endtoend
+from bench.common import on_lab
+from e2e import lab as lab_mod
+from federation import forge
+from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
+
+
+def _origin(obj: dict[str, Any]) -> str:
+    return str((obj["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAME, ""))
+
+
+async def _churn(front: KubeClient, ns: str, node: str, *, rate: float, seconds: float, old: list[str]) -> list[str]:
+    """Create one pod and delete one of `old` every 1/rate s; the new pods' names."""
+    created: list[str] = []
+    tasks: list[asyncio.Task[Any]] = []
+    t0 = time.monotonic()
+    for i in range(int(rate * seconds)):
+        await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+        name = f"c{i:05d}"
+        created.append(name)
+        tasks.append(
+            asyncio.create_task(
+                front.create(f"/api/v1/namespaces/{ns}/pods", endtoend.pod(name, node)), name=f"bench-churn/+{i}"
+            )
+        )
+        if old:
+            victim = old.pop(0)
+            tasks.append(
+                asyncio.create_task(
+                    front.delete(f"/api/v1/namespaces/{ns}/pods/{victim}", params={"gracePeriodSeconds": "0"}),
+                    name=f"bench-churn/-{i}",
+                )
+            )
+    await asyncio.gather(*tasks)
+    return created
+
+
+async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    lab = lab_mod.load_running(state)
+    node = f"vk-steady-{uuid.uuid4().hex[:5]}"
+    ns = f"steady-{uuid.uuid4().hex[:5]}"
+    member_ns = forge.member_namespace(ns, endtoend.PREFIX)
+    result: dict[str, Any] = {"pods": args.pods, "members": len(endtoend.members(lab))}
+    async with (
+        endtoend.provider(lab, workdir, node) as proc,
+        KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front,
+    ):
+        cpu = endtoend.Cpu(proc.pid)
+        await asyncio.sleep(5)
+        rss_empty = cpu.rss()
+        result["provider_idle_cores_empty"] = round(await cpu.idle_cores(args.idle_window), 4)
+        await ensure_namespace(front, ns)
+        members = {m: KubeClient(load_kubeconfig(lab.kubeconfig(m))) for m in endtoend.members(lab)}
+        for client in members.values():
+            await client.__aenter__()
+        try:
+            async with endtoend.Phases(front, ns) as phases:
+                watches = [endtoend.Phases(c, member_ns, name_of=_origin) for c in members.values()]
+                for watch in watches:
+                    await watch.__aenter__()
+                try:
+                    started = time.monotonic()
+                    names = [f"p{i:05d}" for i in range(args.pods)]
+                    before = cpu.seconds()
+                    await endtoend.create_all(front, ns, [endtoend.pod(n, node) for n in names], limit=50)
+                    await phases.wait("Running", args.pods, timeout=max(300.0, args.pods / 10))
+                    result["all_running_s"] = round(time.monotonic() - started, 1)
+                    result["provider_cpu_ms_per_pod_to_running"] = round((cpu.seconds() - before) / args.pods * 1000, 2)
+                    await asyncio.sleep(args.settle)
+                    gc.collect()
+                    rss_full = cpu.rss()
+                    result["provider_rss_mib"] = {
+                        "empty": round(rss_empty / 2**20, 1),
+                        "with_pods": round(rss_full / 2**20, 1),
+                    }
+                    result["provider_rss_kib_per_pod"] = round((rss_full - rss_empty) / args.pods / 1024, 1)
+                    result["provider_idle_cores"] = round(await cpu.idle_cores(args.idle_window), 4)
+
+                    before, t0 = cpu.seconds(), time.monotonic()
+                    new = await _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names))
+                    await phases.wait("Running", args.pods + len(new), timeout=300)
+                    result["churn_provider_cores"] = round((cpu.seconds() - before) / (time.monotonic() - t0), 3)
+                    front_running = dict(phases.times("Running"))
+                    member_running: dict[str, float] = {}
+                    for watch in watches:
+                        member_running.update(watch.times("Running"))
+                    trips = sorted(front_running[n] - member_running[n] for n in new if n in member_running)
+                    result["churn"] = {
+                        "pods_per_s": args.churn,
+                        "seconds": args.seconds,
+                        "round_trip_ms_p50": round(statistics.median(trips) * 1000, 1),
+                        "round_trip_ms_p99": round(trips[max(0, int(len(trips) * 0.99) - 1)] * 1000, 1),
+                        "measured": len(trips),
+                    }
+                finally:
+                    for watch in watches:
+                        await watch.__aexit__(None, None, None)
+        finally:
+            for client in members.values():
+                await client.__aexit__(None, None, None)
+        await endtoend.clean(lab, front, ns, timeout=1800)
+    result["targets"] = {"provider_rss_kib_per_pod": 8, "provider_idle_cores": 0.05, "churn.round_trip_ms_p99": 500}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pods", type=int, default=10_000)
+    parser.add_argument("--churn", type=float, default=20.0, help="pods created (and deleted) per second")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the churn lasts")
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds after all are Running before measuring")
+    parser.add_argument("--idle-window", type=float, default=30.0, help="seconds over which idle CPU is read")
+    parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
+    args = parser.parse_args()
+    spec = lab_mod.LabSpec(members=3, nodes_per_member=40)
+    print(json.dumps(asyncio.run(on_lab(args.state, spec, lambda state, workdir: run(state, workdir, args))), indent=2))
+
+
+if __name__ == "__main__":
+    main()
