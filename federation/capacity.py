@@ -20,6 +20,7 @@ node's allocatable is what is lendable plus what our pods already use.
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -139,6 +140,8 @@ class MemberCapacity:
     online_used: dict[str, int] = field(default_factory=dict)
     #: GPUs our pods hold, per model.
     ours_gpus_by_model: dict[str, int] = field(default_factory=dict)
+    #: When it was computed (monotonic): it counts the pods the inventory held then.
+    at: float = field(default_factory=time.monotonic)
 
     @property
     def capacity(self) -> dict[str, int]:

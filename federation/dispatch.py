@@ -134,6 +134,9 @@ class MemberPods:
         #: this a burst would place pods on room that earlier ones of the burst already claim.
         self.assumed: dict[str, dict[str, int]] = {}
         self.assumed_total: dict[str, int] = {}
+        #: Pods bound since, with their requests and when: a summary computed before that
+        #: moment does not count them yet either.
+        self._bound_lately: dict[str, tuple[dict[str, int], float]] = {}
         #: Namespaces ready for our pods, with the pod-security level their labels carry.
         self.namespaces: dict[str, str] = {}
         self._log = logs.get("member-pods", cluster=name)
@@ -200,15 +203,31 @@ class MemberPods:
             self.assumed[key] = requests
             self.assumed_total = quantities.add(self.assumed_total, requests)
 
-    def unassume(self, key: str) -> None:
+    def unassume(self, key: str, *, bound: bool = False) -> None:
         requests = self.assumed.pop(key, None)
         if requests is not None:
             self.assumed_total = quantities.add(self.assumed_total, requests, -1)
+            if bound:
+                self._bound_lately[key] = (requests, time.monotonic())
+        elif not bound:
+            self._bound_lately.pop(key, None)
+
+    def reserved(self, summary_at: float) -> dict[str, int]:
+        """What a capacity summary computed at `summary_at` does not count yet: our pods not on
+        a node, and those bound after it was computed."""
+        for key in [k for k, (_, at) in self._bound_lately.items() if at <= summary_at]:
+            del self._bound_lately[key]
+        total = self.assumed_total
+        for requests, _ in self._bound_lately.values():
+            total = quantities.add(total, requests)
+        return total
 
     def _put(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
-        if pod.get("spec", {}).get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            self.unassume(key)  # on a node: the capacity summary counts it from now on
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self.unassume(key)
+        elif pod.get("spec", {}).get("nodeName"):
+            self.unassume(key, bound=True)  # on a node: the inventory counts it from now on
         elif key not in self.assumed:
             self.assume(key, pod_requests(pod.get("spec") or {}))
         self.record(pod)
@@ -815,7 +834,7 @@ class Dispatcher:
         capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
         wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(core))
         excluded = job.excluded | self._refusing(job)
-        reserved = {n: p.assumed_total for n in capacities if (p := self.pods_in(n)) is not None and p.assumed}
+        reserved = {n: p.reserved(c.at) for n, c in capacities.items() if (p := self.pods_in(n)) is not None}
         found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=excluded, reserved=reserved)
         if not found:
             if not job.gang.is_gang:
