@@ -162,6 +162,19 @@ class Phases(NamespaceWatch):
         if phase:
             self.seen[self._name_of(obj)].setdefault(phase, time.monotonic())
 
+    async def settle(self, phase: str, count: int, *, quiet: float = 30.0, timeout: float = 3600) -> int:
+        """Wait until `count` pods are in `phase`, or until no more reach it for `quiet` seconds
+        (pods a member cannot place stay Pending, with its scheduler's reason): how many did."""
+        deadline = time.monotonic() + timeout
+        last, since = -1, time.monotonic()
+        while (now := self.count(phase)) < count and time.monotonic() < deadline:
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > quiet:
+                break
+            await asyncio.sleep(0.2)
+        return self.count(phase)
+
     async def wait(self, phase: str, count: int, *, timeout: float = 600) -> float:
         deadline = time.monotonic() + timeout
         while self.count(phase) < count:
