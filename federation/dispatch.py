@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from cachetools import TTLCache
 
-from federation import disruption, forge, hybrid, outages, placement, podsecurity, quantities, reflect
+from federation import disruption, forge, hybrid, outages, placement, podsecurity, reflect
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import (
@@ -44,6 +44,7 @@ from federation.jobs import (
 )
 from federation.membernamespaces import MemberNamespaces
 from federation.nativepods import NativePods
+from federation.reservations import Reservations
 from federation.tide import GangMetrics
 from vkprovider import logs
 from vkprovider.events import EventRecorder
@@ -58,7 +59,7 @@ from vkprovider.kube import (
     WriteFence,
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
-from vkprovider.podstatus import failed_status
+from vkprovider.podstatus import failed_status, is_terminal
 from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
@@ -129,14 +130,8 @@ class MemberPods:
         self.failing = False
         self._on_listed = on_listed
         self.client: KubeClient | None = None
-        #: What our pods the member has not bound yet will take (front-end ns/name -> requests),
-        #: and their sum: the capacity summary counts a pod once it is on a node, so without
-        #: this a burst would place pods on room that earlier ones of the burst already claim.
-        self.assumed: dict[str, dict[str, int]] = {}
-        self.assumed_total: dict[str, int] = {}
-        #: Pods bound since, with their requests and when: a summary computed before that
-        #: moment does not count them yet either.
-        self._bound_lately: dict[str, tuple[dict[str, int], float]] = {}
+        #: Room our pods not yet counted by the member's capacity summary take.
+        self.reservations = Reservations()
         #: Namespaces ready for our pods, with the pod-security level their labels carry.
         self.namespaces: dict[str, str] = {}
         self._log = logs.get("member-pods", cluster=name)
@@ -197,39 +192,14 @@ class MemberPods:
         if self._on_disrupted is not None:
             self._on_disrupted(self.name, pod, what)
 
-    def assume(self, key: str, requests: dict[str, int]) -> None:
-        """A pod on its way to this member, or in it and not yet bound: its room is taken."""
-        if key not in self.assumed:
-            self.assumed[key] = requests
-            self.assumed_total = quantities.add(self.assumed_total, requests)
-
-    def unassume(self, key: str, *, bound: bool = False) -> None:
-        requests = self.assumed.pop(key, None)
-        if requests is not None:
-            self.assumed_total = quantities.add(self.assumed_total, requests, -1)
-            if bound:
-                self._bound_lately[key] = (requests, time.monotonic())
-        elif not bound:
-            self._bound_lately.pop(key, None)
-
-    def reserved(self, summary_at: float) -> dict[str, int]:
-        """What a capacity summary computed at `summary_at` does not count yet: our pods not on
-        a node, and those bound after it was computed."""
-        for key in [k for k, (_, at) in self._bound_lately.items() if at <= summary_at]:
-            del self._bound_lately[key]
-        total = self.assumed_total
-        for requests, _ in self._bound_lately.values():
-            total = quantities.add(total, requests)
-        return total
-
     def _put(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            self.unassume(key)
+        if is_terminal(pod):  # type: ignore[arg-type]
+            self.reservations.release(key)
         elif pod.get("spec", {}).get("nodeName"):
-            self.unassume(key, bound=True)  # on a node: the inventory counts it from now on
-        elif key not in self.assumed:
-            self.assume(key, pod_requests(pod.get("spec") or {}))
+            self.reservations.release(key, bound=True)
+        elif key not in self.reservations:
+            self.reservations.hold(key, pod_requests(pod.get("spec") or {}))
         self.record(pod)
         if (pod.get("status") or {}).get("phase") == "Failed":
             self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
@@ -240,7 +210,7 @@ class MemberPods:
         current = self.by_origin.get(key)
         if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
             del self.by_origin[key]
-            self.unassume(key)
+            self.reservations.release(key)
             self._count(self._job_label(current), -1)
             self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
@@ -371,7 +341,7 @@ class Dispatcher:
         self.events: EventRecorder | None = None
         self._services: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._services_lock: dict[str, asyncio.Lock] = {}
-        self._levels_needed: TTLCache[str, podsecurity.Level] = TTLCache(maxsize=100_000, ttl=3600)
+        self._needs = podsecurity.NeededLevels()
         self.member_namespaces = MemberNamespaces()
         self._log = logs.get("dispatch", instance=instance)
 
@@ -460,14 +430,14 @@ class Dispatcher:
                 "front-end service-account tokens are not carried",
             )
         key = pod_key(pod)
-        pods.assume(key, pod_requests(pod["spec"]))
+        pods.reservations.hold(key, pod_requests(pod["spec"]))
         try:
             created = await pods.client.create(f"/api/v1/namespaces/{namespace}/pods", body)
         except AlreadyExists:
-            pods.unassume(key)
+            pods.reservations.release(key)
             return  # created before a restart: the watch reports it
         except BaseException:
-            pods.unassume(key)
+            pods.reservations.release(key)
             raise
         pods.created(created)
 
@@ -764,17 +734,6 @@ class Dispatcher:
                 parts.append(f"{', '.join(at)} ({level}) {verb} {podsecurity.describe(podsecurity.check(pod, level))}")
         return f"no member's pod security admits the pod: {'; '.join(parts)}"
 
-    def _needs(self, pod: Pod) -> podsecurity.Level:
-        """The strictest level that admits the pod, worked out once per pod: what pod security
-        judges (security contexts, volumes, host namespaces) cannot change after creation."""
-        uid = pod["metadata"].get("uid", "")
-        needs = self._levels_needed.get(uid) if uid else None
-        if needs is None:
-            needs = podsecurity.needed(pod)
-            if uid:
-                self._levels_needed[uid] = needs
-        return needs
-
     def _refusing(self, job: Job) -> set[str]:
         """Members whose pod-security level refuses some pod of the job (placement skips them)."""
         levels = {n: m.config.pod_security for n, m in self._members().items()}
@@ -834,7 +793,9 @@ class Dispatcher:
         capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
         wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(core))
         excluded = job.excluded | self._refusing(job)
-        reserved = {n: p.reserved(c.at) for n, c in capacities.items() if (p := self.pods_in(n)) is not None}
+        reserved = {
+            n: p.reservations.uncounted(c.at) for n, c in capacities.items() if (p := self.pods_in(n)) is not None
+        }
         found = placement.candidates(capacities, requests, wanted, weights=weights, exclude=excluded, reserved=reserved)
         if not found:
             if not job.gang.is_gang:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+from cachetools import TTLCache
 
 Level = Literal["privileged", "baseline", "restricted"]
 LEVELS: tuple[Level, ...] = ("privileged", "baseline", "restricted")  # from most to least permissive
@@ -254,6 +256,23 @@ def needed(pod: Mapping[str, object]) -> Level:
     if not check(pod, "baseline"):
         return "baseline"
     return "privileged"
+
+
+class NeededLevels:
+    """`needed` worked out once per pod (by UID): what pod security judges (security contexts,
+    volumes, host namespaces) cannot change after creation, and a dispatch asks 4-5 times."""
+
+    def __init__(self) -> None:
+        self._by_uid: TTLCache[str, Level] = TTLCache(maxsize=100_000, ttl=3600)
+
+    def __call__(self, pod: Mapping[str, object]) -> Level:
+        uid = str(cast(Mapping[str, object], pod.get("metadata") or {}).get("uid") or "")
+        level = self._by_uid.get(uid) if uid else None
+        if level is None:
+            level = needed(pod)
+            if uid:
+                self._by_uid[uid] = level
+        return level
 
 
 def admits(level: Level, needs: Level) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from federation.inventory import Inventory
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, NotFound
+from vkprovider.podstatus import TERMINAL_PHASES
 
 NODES = "/api/v1/nodes"
 PODS = "/api/v1/pods"
@@ -41,7 +42,7 @@ class PodFeed(Protocol):
 
 
 def _finished(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
 class SharedPods:
