@@ -20,6 +20,7 @@ from vkprovider.kube import AlreadyExists, Forbidden, KubeClient, ensure_namespa
 from vkprovider.provider import ProviderError
 
 ACCOUNT_WAIT = 15.0
+RBAC_WAIT = 5.0  # seconds for the tenant's new RoleBinding to take effect
 
 
 class MemberNamespaces:
@@ -51,7 +52,7 @@ class MemberNamespaces:
         if config.tenancy is not None:
             # Onboarding made the PriorityClasses; the tenant's account may not.
             await self._tenant_namespace(client, namespace, config.tenancy, level)
-            ready = await wait_for_account(client, namespace, account, timeout=ACCOUNT_WAIT)
+            ready = await wait_for_account(client, namespace, account, timeout=ACCOUNT_WAIT, forbidden_for=RBAC_WAIT)
         else:
             await self._priority_classes_of(member, config, client)
             # Ours from before (or labelled for another level) are relabelled; a namespace

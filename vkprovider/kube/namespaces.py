@@ -16,7 +16,7 @@ import contextlib
 import time
 
 from vkprovider.kube.client import KubeClient
-from vkprovider.kube.errors import AlreadyExists, NotFound
+from vkprovider.kube.errors import AlreadyExists, Forbidden, NotFound
 
 NAMESPACES = "/api/v1/namespaces"
 
@@ -47,15 +47,21 @@ async def ensure_namespace(
     return await wait_for_account(client, name, service_account, timeout=timeout)
 
 
-async def wait_for_account(client: KubeClient, name: str, service_account: str = "default", *, timeout: float) -> bool:
+async def wait_for_account(
+    client: KubeClient, name: str, service_account: str = "default", *, timeout: float, forbidden_for: float = 0.0
+) -> bool:
     """Wait for the namespace's service account (creating `default` after a short wait); False
-    if it did not appear within `timeout` seconds."""
+    if it did not appear within `timeout` seconds. `forbidden_for`: seconds a refusal counts as
+    "not yet" (a RoleBinding just created takes a moment to reach the apiserver's authorizer)."""
     started = time.monotonic()
     created = False
     while True:
         try:
             await client.get(f"/api/v1/namespaces/{name}/serviceaccounts/{service_account}")
             return True
+        except Forbidden:
+            if time.monotonic() - started > forbidden_for:
+                raise
         except NotFound:
             waited = time.monotonic() - started
             if waited > timeout:
