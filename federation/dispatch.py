@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,7 @@ from vkprovider.kube import (
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status, is_terminal
+from vkprovider.podstore import PodStore, PodSubset
 from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
@@ -117,7 +119,12 @@ class MemberPods:
         self._reported: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
         self.instance = instance
         self._on_change = on_change
-        self.by_origin: dict[str, dict[str, Any]] = {}  # front-end ns/name -> member pod
+        #: Front-end ns/name -> member pod, held as bytes (vkprovider.podstore); each entry's
+        #: index is the pod's job label, what the per-job scans below look for.
+        self.by_origin: PodStore[dict[str, Any]] = PodStore(index=self._job_label)
+        #: Front-end ns/name -> (member namespace, ConfigMaps, Secrets) its member pod refers
+        #: to, for the pods that refer to any: what the garbage collection keeps.
+        self.refs: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {}
         #: Front-end keys whose member pod carries a reclaim notice (vkprovider.io/reclaim-at).
         self.noticed: set[str] = set()
         #: Member pods per job label: the durable record of where a job went, read after a
@@ -143,16 +150,25 @@ class MemberPods:
 
     @staticmethod
     def _job_label(pod: dict[str, Any]) -> str:
-        return str((pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL, ""))
+        return sys.intern(str((pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL, "")))
+
+    def keys_of(self, label: str) -> list[str]:
+        """Front-end keys of the member pods of the job with this label."""
+        return [k for k, e in self.by_origin.entries() if e.extra == label]
 
     def record(self, pod: dict[str, Any]) -> None:
         """Index a member pod (created by us, or seen by the watch)."""
         key = self.origin(pod)
-        old = self.by_origin.get(key)
+        old = self.by_origin.entry(key)
         if old is not None:
-            self._count(self._job_label(old), -1)
+            self._count(old.extra, -1)
         self.by_origin[key] = pod
         self._count(self._job_label(pod), 1)
+        cms, secrets = reflect.references(pod.get("spec") or {})
+        if cms or secrets:
+            self.refs[key] = (pod["metadata"]["namespace"], frozenset(cms), frozenset(secrets))
+        else:
+            self.refs.pop(key, None)
         if ((pod.get("metadata") or {}).get("annotations") or {}).get(RECLAIM_AT):
             self.noticed.add(key)
         else:
@@ -163,8 +179,7 @@ class MemberPods:
         copy is then as new or newer (the create's answer can arrive after the events that
         bound and started the pod, and must not put the pod back to Pending here)."""
         uid = pod["metadata"].get("uid")
-        current = self.by_origin.get(self.origin(pod))
-        if uid in self._deleted or (current is not None and current["metadata"].get("uid") == uid):
+        if uid in self._deleted or self.by_origin.uid(self.origin(pod)) == uid:
             return
         self.record(pod)
 
@@ -207,11 +222,12 @@ class MemberPods:
 
     def _drop(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
-        current = self.by_origin.get(key)
-        if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
+        current = self.by_origin.entry(key)
+        if current is not None and current.uid == pod["metadata"].get("uid"):
             del self.by_origin[key]
+            self.refs.pop(key, None)
             self.reservations.release(key)
-            self._count(self._job_label(current), -1)
+            self._count(current.extra, -1)
             self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
@@ -229,8 +245,8 @@ class MemberPods:
     def listed(self, items: list[dict[str, Any]]) -> None:
         """A fresh list of our pods: what is gone since is dropped, the rest put."""
         seen = {self.origin(p) for p in items}
-        for key in [k for k in self.by_origin if k not in seen]:
-            self._drop(self.by_origin[key])
+        for _, pod in self.by_origin.scan([k for k in self.by_origin if k not in seen]):
+            self._drop(pod)
         for pod in items:
             self._put(pod)
         self.synced.set()
@@ -282,7 +298,7 @@ class MemberPods:
 class Job:
     ref: JobRef
     gang: GangSpec
-    pods: dict[str, Pod] = field(default_factory=dict)  # front-end pods by ns/name
+    pods: PodSubset[Pod]  # front-end pods by ns/name, held in the dispatcher's one PodStore
     member: str | None = None
     place: placement.Placement | None = None
     ready_at: float | None = None  # when the gang's minimum was first bound
@@ -329,6 +345,8 @@ class Dispatcher:
         self._outage = outage
         self.native_pods = NativePods(lambda: self.front, virtual_nodes)
         self.jobs: dict[str, Job] = {}
+        #: The front-end pods of every job, as bytes (vkprovider.podstore).
+        self.front_pods: PodStore[Pod] = PodStore()
         #: Set with the provider's metrics (federation.tide).
         self.gang_metrics: GangMetrics | None = None
         #: Pods a member took away (shared with every member's MemberPods).
@@ -373,7 +391,7 @@ class Dispatcher:
         if job is None:
             group = await self._group(ref)
             gang = gang_of(ref, pod, group)  # type: ignore[arg-type]
-            job = self.jobs.setdefault(ref.key, Job(ref=ref, gang=gang))
+            job = self.jobs.setdefault(ref.key, Job(ref=ref, gang=gang, pods=PodSubset(self.front_pods)))
             if group is not None:
                 job.has_group = True
                 job.recorded = ((group.get("metadata") or {}).get("annotations") or {}).get(PIN)
@@ -492,20 +510,22 @@ class Dispatcher:
             if pods is None or pods.client is None or not pods.synced.is_set():
                 continue
             client = pods.client
+            # What the pods refer to comes from MemberPods' index: no member pod is decoded for it.
             used: dict[str, tuple[set[str], set[str]]] = {}
             origin: dict[str, str] = {}
-            by_namespace: dict[str, list[dict[str, Any]]] = {}
-            for member_pod in list(pods.by_origin.values()):
-                ns = member_pod["metadata"]["namespace"]
-                cms, secrets = reflect.references(member_pod["spec"])
+            for key, (ns, cms, secrets) in list(pods.refs.items()):
                 known = used.setdefault(ns, (set(), set()))
                 known[0].update(cms)
                 known[1].update(secrets)
-                origin[ns] = (member_pod["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAMESPACE, ns)
-                by_namespace.setdefault(ns, []).append(member_pod)
+                origin[ns] = key.partition("/")[0]
             # A tenant may not list across the member: its namespaces in use, one by one.
             scoped = self._members()[name].config.tenancy is not None
-            namespaces = sorted(set(pods.namespaces) | set(by_namespace)) if scoped else [""]
+            if scoped:
+                prefix = self._members()[name].config.namespace_prefix
+                fronts = {key.partition("/")[0] for key in pods.by_origin}
+                namespaces = sorted(set(pods.namespaces) | {forge.member_namespace(ns, prefix) for ns in fronts})
+            else:
+                namespaces = [""]
 
             async def listed_in(
                 plural: str, client: KubeClient = client, namespaces: list[str] = namespaces
@@ -534,7 +554,13 @@ class Dispatcher:
                         copy["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
                         with contextlib.suppress(Conflict, NotFound):
                             await client.replace(path, copy)
-            for svc in await listed_in("services"):
+            services = await listed_in("services")
+            wanted = {svc["metadata"]["namespace"] for svc in services}
+            by_namespace: dict[str, list[dict[str, Any]]] = {}
+            for _, member_pod in pods.by_origin.scan() if services else ():
+                if member_pod["metadata"]["namespace"] in wanted:
+                    by_namespace.setdefault(member_pod["metadata"]["namespace"], []).append(member_pod)
+            for svc in services:
                 ns = svc["metadata"]["namespace"]
                 members = by_namespace.get(ns, [])
                 in_use = any(reflect.headless_services_for(p["metadata"].get("labels") or {}, [svc]) for p in members)
@@ -579,9 +605,8 @@ class Dispatcher:
         namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
         selector = {"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job.ref)},{forge.INSTANCE}={self.instance}"}
         label = forge.job_hash(job.ref)
-        for member_pod in list(entry.pods.by_origin.values()):
-            if (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) == label:
-                entry.pods.expect_deletion(member_pod["metadata"].get("uid", ""))
+        for key in entry.pods.keys_of(label):
+            entry.pods.expect_deletion(entry.pods.by_origin.uid(key) or "")
         with contextlib.suppress(NotFound):
             await client.delete(f"/api/v1/namespaces/{namespace}/pods", params={**selector, "gracePeriodSeconds": 0})
         api_version, plural = forge.GANG_PATHS[config.gang_api]
@@ -744,7 +769,7 @@ class Dispatcher:
 
     def _forget_pod(self, job: Job, key: str) -> None:
         """A pod that will not be dispatched: out of its job, and the job gone if it was its last."""
-        job.pods.pop(key, None)
+        job.pods.discard(key)
         self.job_of_pod.pop(key, None)
         if not job.pods and self.jobs.get(job.ref.key) is job:
             if job.timer is not None:
@@ -758,11 +783,7 @@ class Dispatcher:
         there = set()
         if pods is not None:
             label = forge.job_hash(job.ref)
-            there = {
-                k
-                for k, p in pods.by_origin.items()
-                if (p["metadata"].get("labels") or {}).get(forge.JOB_LABEL) == label
-            }
+            there = set(pods.keys_of(label))
         return len(set(job.pods) | there)
 
     async def _count_native(self, job: Job, *, fresh: bool = False) -> int:
@@ -849,9 +870,7 @@ class Dispatcher:
         pods = self.pods_in(job.member)
         if pods is None:
             return False
-        bound = sum(
-            1 for key in job.pods if key in pods.by_origin and pods.by_origin[key].get("spec", {}).get("nodeName")
-        )
+        bound = sum(1 for key in job.pods if pods.by_origin.node(key))
         return bound >= job.member_gang.min_member
 
     async def _gang_timer(self, job: Job) -> None:
@@ -990,7 +1009,7 @@ class Dispatcher:
         job_key = self.job_of_pod.get(key)
         job = self.jobs.get(job_key) if job_key else None
         if job is not None:
-            job.pods.pop(key, None)
+            job.pods.discard(key)
             if not job.pods:
                 if job.timer is not None:
                     job.timer.cancel()

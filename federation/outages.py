@@ -223,7 +223,7 @@ class OrphanReconciler:
         pods = getattr(member, "pods", None)
         if pods is None or pods.client is None or not pods.synced.is_set() or pods.failing:
             return 0
-        found = candidates(list(pods.by_origin.values()), live, now=time.time())
+        found = candidates((p for _, p in pods.by_origin.scan()), live, now=time.time())
         why: Tally[str] = Tally()
         for member_pod in found[: self.limit]:
             annotations = member_pod["metadata"].get("annotations") or {}
@@ -271,10 +271,10 @@ class Announcer:
         self._job_of_pod = job_of_pod
         self._job_object = job_object
         self._events = events
-        self._news: list[tuple[str, Mapping[str, dict[str, Any]], Outage]] = []
+        self._news: list[tuple[str, dict[str, str], Outage]] = []
 
-    def add(self, member: str, pods: Mapping[str, dict[str, Any]], outage: Outage) -> None:
-        """`pods`: the member's pods of ours by front-end key, as last seen."""
+    def add(self, member: str, pods: Mapping[str, str], outage: Outage) -> None:
+        """`pods`: the member's pods of ours, front-end key -> job label, as last seen."""
         self._news.append((member, dict(pods), outage))
 
     async def flush(self) -> None:
@@ -284,9 +284,8 @@ class Announcer:
             return
         for member, pods, outage in news:
             jobs: dict[str, list[str]] = {}  # the job label (a hash) -> front-end keys
-            for key, member_pod in pods.items():
-                label = (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) or key
-                jobs.setdefault(label, []).append(key)
+            for key, label in pods.items():
+                jobs.setdefault(label or key, []).append(key)
             for keys in jobs.values():
                 job_key = next((j for j in map(self._job_of_pod, keys) if j), "")
                 target = await self._job_object(job_key, keys[0])

@@ -510,7 +510,8 @@ class FederationProvider:
         if was == now:
             return
         if before is None and member.outage is not None and member.pods is not None:
-            self.announcer.add(member.name, member.pods.by_origin, member.outage)
+            jobs = {key: entry.extra for key, entry in member.pods.by_origin.entries()}
+            self.announcer.add(member.name, jobs, member.outage)
         self._log.warning("member reachability changed", cluster=member.name, state=now, was=was)
         keys = set(member.pods.by_origin) if member.pods is not None else set()
         keys |= {k for k, placed in self.dispatcher.placed.items() if placed == member.name}
@@ -866,7 +867,7 @@ class FederationProvider:
         for member in self.members.values():
             if member.pods is None:
                 continue
-            for key, member_pod in list(member.pods.by_origin.items()):
+            for key, member_pod in member.pods.by_origin.scan():
                 namespace, _, name = key.partition("/")
                 uid = (member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")
                 out.append({"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}})

@@ -230,7 +230,9 @@ class Reclaimer:
         by_key: dict[str, dict[str, Any]] = {}
         leaving: dict[str, int] = {}
         inventory = member.inventory()
-        for member_pod in list(pods.by_origin.values()):
+        # Bound live pods only: the others are not decoded at all.
+        live = [k for k, e in pods.by_origin.entries() if e.node and e.phase not in ("Succeeded", "Failed")]
+        for _, member_pod in pods.by_origin.scan(live):
             meta = member_pod["metadata"]
             spec = member_pod.get("spec") or {}
             phase = (member_pod.get("status") or {}).get("phase")
@@ -541,9 +543,7 @@ class Reclaimer:
             value = json.dumps({"at": stamp, "count": len(taken)}, separators=(",", ":"))
             pods = member.pods_index()
             label = forge.job_hash(_job_ref(job_key))
-            for member_pod in list(pods.by_origin.values()) if pods is not None else []:
-                if (member_pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL) != label:
-                    continue
+            for _, member_pod in pods.by_origin.scan(pods.keys_of(label)) if pods is not None else ():
                 if member_pod["metadata"].get("deletionTimestamp"):
                     continue
                 await self._patch_member(member, member_pod, {labels.LAST_RECLAIM: value})

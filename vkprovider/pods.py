@@ -32,6 +32,7 @@ from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound, Unreachable
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, PodStatus, pod_key, split_key
+from vkprovider.podstore import PodStore
 from vkprovider.provider import (
     PodAnnotator,
     PodLifecycle,
@@ -75,7 +76,7 @@ class PodController:
         self._settings = settings
         self._events = events
         self._metrics = metrics
-        self.cache: dict[str, Pod] = {}
+        self.cache: PodStore[Pod] = PodStore()
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling: dict[str, float] = {}  # key -> loop time until which its first status write waits
         self._listed: set[str] = set()
@@ -90,8 +91,7 @@ class PodController:
 
     def node_of(self, namespace: str, name: str) -> str | None:
         """The node a pod of ours is bound to (for authorizing kubelet API calls about it)."""
-        pod = self.cache.get(f"{namespace}/{name}")
-        return pod["spec"].get("nodeName") if pod else None
+        return self.cache.node(f"{namespace}/{name}") or None
 
     def _watch_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and self._failure and not self._failure.done():
@@ -102,7 +102,7 @@ class PodController:
         for name in [n for n in self._watches if n not in names]:
             self._watches.pop(name).cancel()
             self._listed.discard(name)
-            for key in [k for k, p in self.cache.items() if p["spec"].get("nodeName") == name]:
+            for key in self.cache.on_node(name):
                 del self.cache[key]
         for name in names:
             if name not in self._watches:
@@ -133,7 +133,7 @@ class PodController:
                 for pod in listed["items"]:
                     self._observe(pod)
                     seen.add(pod_key(pod))
-                for key in [k for k, p in self.cache.items() if p["spec"].get("nodeName") == node and k not in seen]:
+                for key in [k for k in self.cache.on_node(node) if k not in seen]:
                     del self.cache[key]  # deleted while we were not watching
                     assert self.queue is not None
                     self.queue.add(key)
@@ -150,8 +150,7 @@ class PodController:
                             continue
                         if event["type"] == "DELETED":
                             key = pod_key(obj)
-                            cached = self.cache.get(key)
-                            if cached and cached["metadata"].get("uid") == obj["metadata"].get("uid"):
+                            if self.cache.uid(key) == obj["metadata"].get("uid"):
                                 del self.cache[key]
                             assert self.queue is not None
                             self.queue.add(key)
@@ -182,15 +181,13 @@ class PodController:
             )
         except NotFound:
             # Deleted meanwhile: forget it now; its DELETED event (if not already in) finds nothing.
-            cached = self.cache.get(key)
-            if cached is not None and cached["metadata"].get("uid") == meta.get("uid"):
+            if self.cache.uid(key) == meta.get("uid"):
                 del self.cache[key]
             return
         self._own_writes[key] = updated["metadata"]["resourceVersion"]
-        cached = self.cache.get(key)
         # Only refresh a pod still cached: one whose DELETED event arrived while this write was
         # in flight must not come back (it would be synced, and written to, for ever).
-        if cached is not None and cached["metadata"].get("uid") == updated["metadata"].get("uid"):
+        if self.cache.uid(key) == updated["metadata"].get("uid"):
             self.cache[key] = updated
         self._metrics.status_writes.inc()
 
@@ -213,8 +210,8 @@ class PodController:
         while True:
             await asyncio.sleep(self._settings.status_poll_interval)
             assert self.queue is not None
-            for key, pod in list(self.cache.items()):
-                if not podstatus.is_terminal(pod):
+            for key, entry in self.cache.entries():
+                if entry.phase not in podstatus.TERMINAL_PHASES:
                     self.queue.add(key)
 
     async def _cleanup_orphans(self) -> None:
@@ -227,8 +224,7 @@ class PodController:
             return
         for pod in owned:
             key = pod_key(pod)
-            api = self.cache.get(key)
-            if api is not None and api["metadata"].get("uid") == pod["metadata"].get("uid"):
+            if self.cache.uid(key) == pod["metadata"].get("uid"):
                 continue
             self._log.info("deleting orphaned provider pod", pod=key, uid=pod["metadata"].get("uid"))
             try:

@@ -1,0 +1,62 @@
+"""vkprovider.podstore: pods kept as bytes read back equal, scans decode nothing they need not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from vkprovider.podstore import PodStore
+
+
+def _pod(name: str, *, node: str = "", phase: str = "Pending", job: str = "j") -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}", "labels": {"job": job}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app:1"}]},
+        "status": {"phase": phase},
+    }
+
+
+def test_a_pod_read_back_equals_the_one_put_once_it_has_left_the_hot_set() -> None:
+    store: PodStore[dict[str, Any]] = PodStore(hot=2)
+    pods = {f"ns/p{i}": _pod(f"p{i}", node="n1") for i in range(5)}
+    for key, pod in pods.items():
+        store[key] = pod
+    assert store["ns/p0"] == pods["ns/p0"]
+    assert store["ns/p0"] is not pods["ns/p0"]  # decoded again: p0 had left the hot set
+    assert store["ns/p4"] is pods["ns/p4"]  # still hot: not decoded
+    assert len(store) == 5 and "ns/p3" in store and "ns/p9" not in store
+    assert store.get("ns/p9") is None
+
+
+def test_records_answer_uid_node_phase_and_the_owners_index_without_decoding() -> None:
+    store: PodStore[dict[str, Any]] = PodStore(hot=1, index=lambda pod: pod["metadata"]["labels"]["job"])
+    store["ns/a"] = _pod("a", node="n1", phase="Running", job="x")
+    store["ns/b"] = _pod("b", job="y")
+    entry = store.entry("ns/a")
+    assert entry is not None
+    assert (entry.uid, entry.node, entry.phase, entry.extra) == ("uid-a", "n1", "Running", "x")
+    assert store.uid("ns/b") == "uid-b" and store.node("ns/b") == "" and store.uid("ns/c") is None
+    assert store.on_node("n1") == ["ns/a"]
+    assert orjson.loads(entry.raw) == _pod("a", node="n1", phase="Running", job="x")
+
+
+def test_a_scan_decodes_every_pod_and_leaves_the_hot_set_as_it_was() -> None:
+    store: PodStore[dict[str, Any]] = PodStore(hot=1)
+    for i in range(3):
+        store[f"ns/p{i}"] = _pod(f"p{i}")
+    hot = store["ns/p2"]
+    assert [k for k, _ in store.scan()] == ["ns/p0", "ns/p1", "ns/p2"]
+    assert [p["metadata"]["name"] for _, p in store.scan(["ns/p1", "ns/gone"])] == ["p1"]
+    assert store["ns/p2"] is hot
+
+
+def test_forgetting_a_pod() -> None:
+    store: PodStore[dict[str, Any]] = PodStore()
+    store["ns/a"] = _pod("a")
+    store.discard("ns/a")
+    store.discard("ns/a")
+    assert "ns/a" not in store and store.get("ns/a") is None
+    store["ns/a"] = _pod("a")
+    del store["ns/a"]
+    assert len(store) == 0
