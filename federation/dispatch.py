@@ -294,7 +294,7 @@ class MemberPods:
                     await asyncio.sleep(min(5.0, 0.25 * 2**failures))
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     ref: JobRef
     gang: GangSpec

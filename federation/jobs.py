@@ -51,7 +51,7 @@ GROUP_RESOURCES = {
 DEFAULT_TIMEOUT = 300.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobRef:
     """A job: where its identity came from and its name, unique within the namespace."""
 
@@ -64,7 +64,7 @@ class JobRef:
         return f"{self.namespace}/{self.source}/{self.name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GangSpec:
     min_member: int = 1
     timeout: float = DEFAULT_TIMEOUT

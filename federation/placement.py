@@ -17,7 +17,7 @@ from federation.capacity import MemberCapacity, NodeFree
 from federation.jobs import GangSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     member: str
     network_pod: str | None = None  # the domain chosen for a same-network-pod gang

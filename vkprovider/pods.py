@@ -84,6 +84,7 @@ class PodController:
         self._parked: set[str] = set()
         self._answered = 0  # successful lists so far: a sync that failed across one is not parked
         self.ready = asyncio.Event()
+        self.syncs = 0  # syncs done: what tells the heap trim (vkprovider.heap) work went on
         self.queue: WorkQueue | None = None
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._failure: asyncio.Future[None] | None = None
@@ -382,6 +383,7 @@ class PodController:
             except ShutDown:
                 return
             started = time.perf_counter()
+            self.syncs += 1
             result = "ok"
             answered = self._answered
             try:

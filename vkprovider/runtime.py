@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vkprovider import logs
+from vkprovider import heap, logs
 from vkprovider.election import LeaderElector
 from vkprovider.events import EventRecorder
 from vkprovider.httpapi.auth import Authenticator, Authorizer
@@ -193,6 +193,8 @@ class Runtime:
                 metrics=self.metrics,
             )
             supervisor.start("pods", self.pods.run())
+            pods = self.pods
+            supervisor.start("heap-trim", heap.trim_periodically(lambda: pods.syncs))
             if not await self._until(self.pods.ready.wait(), supervisor):
                 clean = True
                 return
