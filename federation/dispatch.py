@@ -808,11 +808,11 @@ class Dispatcher:
         if not split.ready:
             return
         # All elastic (the floor is on native nodes): the member need only fit one pod now.
-        core = list(split.core) if split.core else [next(iter(job.pods))]
-        requests = [pod_requests(job.pods[k]["spec"]) for k in core]
+        placed = list(split.core) if split.core else [next(iter(job.pods))]
+        requests = [pod_requests(job.pods[k]["spec"]) for k in placed]
         weights = {n: m.config.weight for n, m in self._members().items()}
         capacities = {n: c for n, c in self._capacities().items() if n in self._members()}
-        wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(core))
+        wanted = job.gang if split.member_min == job.gang.min_member else replace(job.gang, min_member=len(placed))
         excluded = job.excluded | self._refusing(job)
         reserved = {
             n: p.reservations.uncounted(c.at) for n, c in capacities.items() if (p := self.pods_in(n)) is not None
@@ -826,6 +826,25 @@ class Dispatcher:
                 self._notify_job(job)
             return
         choice = found[0]
+        target = self.pods_in(choice.member)
+        if target is not None:
+            # Taken now, before any await: a placement running meanwhile (another job's) must not
+            # be offered this room again while the pin and the member's namespace are written.
+            for key, wants in zip(placed, requests, strict=True):
+                target.reservations.hold(key, wants)
+        try:
+            await self._send(job, choice, split)
+        except BaseException:
+            if target is not None:
+                for key in placed:
+                    if key not in target.by_origin:
+                        target.reservations.release(key)
+            raise
+        if not retry:
+            self._start_timer(job)
+
+    async def _send(self, job: Job, choice: placement.Placement, split: hybrid.Split) -> None:
+        """The placed job to its member: the pin, the gang object, the core's pods, the rest."""
         job.member, job.place = choice.member, choice
         job.member_min = split.member_min if job.gang.is_gang else None
         core = list(split.core)
@@ -854,8 +873,6 @@ class Dispatcher:
         if self.gang_metrics is not None and job.gang.is_gang:
             self.gang_metrics.wait.observe(job.dispatched_at - (job.ready_at or job.dispatched_at))
         await asyncio.gather(*(one(k) for k in list(job.pods) if k not in job.core))
-        if not retry:
-            self._start_timer(job)
 
     def _start_timer(self, job: Job) -> None:
         if job.timer is not None and not job.timer.done():
