@@ -496,13 +496,19 @@ def cluster_of(lab: LabState, name: str) -> ClusterState:
     return lab.clusters[name]
 
 
+#: Seconds a stopped kube-apiserver gets to exit before SIGKILL (stop_cluster).
+STOP_GRACE = 2.0
+
+
 def stop_cluster(state_dir: Path, name: str) -> None:
     """Stop one cluster's kube-apiserver (an outage); its other processes keep running."""
     lab = load_running(state_dir)
     proc = cluster_of(lab, name).processes["kube-apiserver"]
     if not procs.alive(proc.pid, lab.marker):
         raise LabError(f"{name} kube-apiserver is not running")
-    procs.terminate([proc.pid] if proc.pid else [], lab.marker)
+    # It refuses connections at once on SIGTERM, then lingers until killed (10 s by default):
+    # the outage has begun either way, and a test waiting on the stop need not wait for that.
+    procs.terminate([proc.pid] if proc.pid else [], lab.marker, grace=STOP_GRACE)
     proc.pid = None
     lab.record(proc)
 

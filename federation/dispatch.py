@@ -61,7 +61,7 @@ from vkprovider.kube import (
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstatus import failed_status, is_terminal
-from vkprovider.podstore import PodStore, PodSubset
+from vkprovider.podstore import PodOverlay, PodStore, PodSubset
 from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
@@ -345,8 +345,9 @@ class Dispatcher:
         self._outage = outage
         self.native_pods = NativePods(lambda: self.front, virtual_nodes)
         self.jobs: dict[str, Job] = {}
-        #: The front-end pods of every job, as bytes (vkprovider.podstore).
-        self.front_pods: PodStore[Pod] = PodStore()
+        #: The front-end pods of every job: borrowed from the runtime's cache where it holds the
+        #: same pod, else as bytes of their own (vkprovider.podstore).
+        self.front_pods: PodOverlay[Pod] = PodOverlay()
         #: Set with the provider's metrics (federation.tide).
         self.gang_metrics: GangMetrics | None = None
         #: Pods a member took away (shared with every member's MemberPods).

@@ -41,6 +41,7 @@ from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.objects import Pod, PodStatus
+from vkprovider.podstore import PodStore
 from vkprovider.provider import (
     ByteStream,
     ExecStreams,
@@ -788,6 +789,10 @@ class FederationProvider:
         pod: Pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {}}
         for callback in self._pod_callbacks:
             callback(pod)
+
+    def read_pod_cache(self, pods: PodStore[Pod]) -> None:
+        """The dispatcher's front-end pods borrow from the runtime's cache (one copy per pod)."""
+        self.dispatcher.front_pods.attach(pods)
 
     def notify_pods(self, callback: PodChanged) -> None:
         self._pod_callbacks.append(callback)

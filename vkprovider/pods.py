@@ -35,6 +35,7 @@ from vkprovider.objects import Pod, PodStatus, pod_key, split_key
 from vkprovider.podstore import PodStore
 from vkprovider.provider import (
     PodAnnotator,
+    PodCacheReader,
     PodLifecycle,
     PodNotifier,
     ProviderError,
@@ -77,6 +78,8 @@ class PodController:
         self._events = events
         self._metrics = metrics
         self.cache: PodStore[Pod] = PodStore()
+        if isinstance(provider, PodCacheReader):
+            provider.read_pod_cache(self.cache)
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling: dict[str, float] = {}  # key -> loop time until which its first status write waits
         self._listed: set[str] = set()

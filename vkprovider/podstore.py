@@ -43,6 +43,9 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         self._index = index
         self._hot: OrderedDict[str, _P] = OrderedDict()
         self._hot_max = hot
+        #: Told (key, record) when a pod leaves, or its key comes to hold another pod (UID):
+        #: what lets a PodOverlay borrow from this store.
+        self.forgetting: Callable[[str, Entry], None] | None = None
 
     def _remember(self, key: str, pod: _P) -> None:
         self._hot[key] = pod
@@ -69,16 +72,31 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         uid, node, phase = str(meta.get("uid") or ""), str(spec.get("nodeName") or ""), str(status.get("phase") or "")
         extra = self._index(pod) if self._index is not None else None
         # orjson's answer keeps its whole growth buffer (8 KB for a 2.4 KB pod): a tight copy.
+        old = self._entries.get(key)
         self._entries[key] = Entry(bytes(memoryview(orjson.dumps(pod))), uid, node, phase, extra)
         self._remember(key, pod)
+        if old is not None and old.uid != uid and self.forgetting is not None:
+            self.forgetting(key, old)
 
     def __delitem__(self, key: str) -> None:
-        del self._entries[key]
-        self._hot.pop(key, None)
+        if key not in self._entries:
+            raise KeyError(key)
+        self.discard(key)
 
     def discard(self, key: str) -> None:
         """Forget the pod if held (`pop` would decode it only to throw it away)."""
-        self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        self._hot.pop(key, None)
+        if entry is not None and self.forgetting is not None:
+            self.forgetting(key, entry)
+
+    def holds(self, key: str, pod: _P) -> bool:
+        """`pod` is the very object held for `key` (read or put lately): the same version."""
+        return self._hot.get(key) is pod
+
+    def adopt(self, key: str, entry: Entry) -> None:
+        """Hold another store's record as is (its bytes are shared, not copied)."""
+        self._entries[key] = entry
         self._hot.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
@@ -121,11 +139,62 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
             yield key, pod
 
 
+class PodOverlay(Generic[_P]):
+    """Pods mostly read from another store, the runtime's cache of the API's pods, as a Go
+    provider reads the pod lister virtual-kubelet hands it: a pod put here that the base holds
+    (the very object it handed out) is borrowed, not copied. A borrowed pod reads as the base's
+    latest version of it; when the base lets it go (deleted, or its name taken by a new pod),
+    the overlay adopts the base's record, so what was put here stays readable until discarded.
+    Without a base (`attach` not called) every pod is an own copy."""
+
+    def __init__(self) -> None:
+        self.own: PodStore[_P] = PodStore()
+        self._base: PodStore[_P] | None = None
+        self._borrowed: set[str] = set()
+
+    def attach(self, base: PodStore[_P]) -> None:
+        self._base = base
+        base.forgetting = self._forgetting
+
+    def _forgetting(self, key: str, entry: Entry) -> None:
+        if key in self._borrowed:
+            self._borrowed.discard(key)
+            self.own.adopt(key, entry)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self._borrowed and self._base is not None:
+            return self._base.get(key, default)
+        return self.own.get(key, default)
+
+    def __getitem__(self, key: str) -> _P:
+        if key in self._borrowed and self._base is not None:
+            return self._base[key]
+        return self.own[key]
+
+    def __setitem__(self, key: str, pod: _P) -> None:
+        if self._base is not None and self._base.holds(key, pod):
+            self.own.discard(key)
+            self._borrowed.add(key)
+        else:
+            self._borrowed.discard(key)
+            self.own[key] = pod
+
+    def discard(self, key: str) -> None:
+        self._borrowed.discard(key)
+        self.own.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._borrowed or key in self.own
+
+    def borrowed(self) -> int:
+        return len(self._borrowed)
+
+
 class PodSubset(MutableMapping[str, _P], Generic[_P]):
     """Some of a shared store's pods (one job's), in the order they came: the pods live in the
     store, so all the subsets share its one hot set."""
 
-    def __init__(self, store: PodStore[_P]) -> None:
+    def __init__(self, store: PodStore[_P] | PodOverlay[_P]) -> None:
         self._store = store
         self._keys: dict[str, None] = {}
 

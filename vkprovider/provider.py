@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from vkprovider.objects import Pod, PodStatus
+from vkprovider.podstore import PodStore
 
 
 class ProviderError(Exception):
@@ -70,6 +71,15 @@ class PodNotifier(Protocol):
 
     def notify_pods(self, callback: PodChanged) -> None:
         """Register `callback`, called (never blocking) with the pod whenever its status changes."""
+
+
+@runtime_checkable
+class PodCacheReader(Protocol):
+    """Optional: read the runtime's cache of the API's pods bound to our nodes (read-only), as
+    a Go provider reads the pod lister virtual-kubelet hands it, instead of copies of its own."""
+
+    def read_pod_cache(self, pods: PodStore[Pod]) -> None:
+        """Called once, before the first pod is synced."""
 
 
 @runtime_checkable

@@ -3,7 +3,8 @@ no orphan; past `pods_lost_after` the pods end MemberLost and their member pods 
 the member answers again; a member pod whose front-end pod went while the provider was down is
 deleted at start-up; and a front-end apiserver outage loses no status change.
 
-Lab apiservers are stopped for real (SIGTERM, about 10 s of graceful shutdown, then 45 s down).
+Lab apiservers are stopped for real: SIGTERM (they refuse connections at once), SIGKILL after 2 s;
+the 45 s count from the SIGTERM.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from vkprovider.podstore import PodStore
+from vkprovider.podstore import PodOverlay, PodStore, PodSubset
 
 
 def _pod(name: str, *, node: str = "", phase: str = "Pending", job: str = "j") -> dict[str, Any]:
@@ -60,3 +60,44 @@ def test_forgetting_a_pod() -> None:
     store["ns/a"] = _pod("a")
     del store["ns/a"]
     assert len(store) == 0
+
+
+def test_an_overlay_borrows_what_its_base_holds_and_keeps_it_when_the_base_lets_go() -> None:
+    base: PodStore[dict[str, Any]] = PodStore()
+    overlay: PodOverlay[dict[str, Any]] = PodOverlay()
+    overlay.attach(base)
+    base["ns/a"] = _pod("a", node="n1")
+    overlay["ns/a"] = base["ns/a"]  # the very object the base handed out: borrowed, not copied
+    assert overlay.borrowed() == 1 and len(overlay.own) == 0
+    newer = _pod("a", node="n1", phase="Running")
+    base["ns/a"] = newer  # the same pod, a newer version: read through
+    assert overlay["ns/a"] is newer
+    del base["ns/a"]  # the base lets it go: the overlay adopts its last record
+    assert overlay.borrowed() == 0 and overlay["ns/a"] == newer
+    overlay.discard("ns/a")
+    assert "ns/a" not in overlay and overlay.get("ns/a") is None
+
+
+def test_an_overlay_copies_what_its_base_does_not_hold_and_a_new_pod_of_the_same_name_does_not_replace_it() -> None:
+    base: PodStore[dict[str, Any]] = PodStore()
+    overlay: PodOverlay[dict[str, Any]] = PodOverlay()
+    overlay.attach(base)
+    base["ns/a"] = _pod("a")
+    patched = _pod("a", phase="Pending")  # an answer of our own: not the base's object
+    overlay["ns/a"] = patched
+    assert overlay.borrowed() == 0 and overlay["ns/a"] is patched
+    overlay["ns/a"] = base["ns/a"]
+    assert overlay.borrowed() == 1 and len(overlay.own) == 0
+    replacement = _pod("a")
+    replacement["metadata"]["uid"] = "uid-a2"
+    base["ns/a"] = replacement  # another pod took the name: the overlay keeps the one it was given
+    assert overlay["ns/a"]["metadata"]["uid"] == "uid-a"
+
+
+def test_a_subset_reads_and_forgets_through_its_overlay() -> None:
+    overlay: PodOverlay[dict[str, Any]] = PodOverlay()  # no base: own copies
+    job: PodSubset[dict[str, Any]] = PodSubset(overlay)
+    job["ns/a"] = _pod("a")
+    assert list(job) == ["ns/a"] and job["ns/a"]["metadata"]["name"] == "a" and "ns/a" in overlay
+    job.discard("ns/a")
+    assert len(job) == 0 and "ns/a" not in overlay
