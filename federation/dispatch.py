@@ -163,12 +163,15 @@ class MemberPods:
         if old is not None:
             self._count(old.extra, -1)
         self.by_origin[key] = pod
-        self._count(self._job_label(pod), 1)
-        cms, secrets = reflect.references(pod.get("spec") or {})
-        if cms or secrets:
-            self.refs[key] = (pod["metadata"]["namespace"], frozenset(cms), frozenset(secrets))
-        else:
-            self.refs.pop(key, None)
+        new = self.by_origin.entry(key)
+        assert new is not None
+        self._count(new.extra, 1)  # the job label, as the store's index computed it
+        if old is None or old.uid != new.uid:  # a pod's volumes and env never change: once per pod
+            cms, secrets = reflect.references(pod.get("spec") or {})
+            if cms or secrets:
+                self.refs[key] = (pod["metadata"]["namespace"], frozenset(cms), frozenset(secrets))
+            else:
+                self.refs.pop(key, None)
         if ((pod.get("metadata") or {}).get("annotations") or {}).get(RECLAIM_AT):
             self.noticed.add(key)
         else:
