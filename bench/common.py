@@ -4,6 +4,7 @@ and how busy each process was (so a figure says which process was the limit)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -45,6 +46,10 @@ async def on_lab(
             lab_mod.teardown(lab)
 
 
+#: The provider under tracemalloc when BENCH_MEMTRACE names a file (bench.memtrace).
+MODULE = "bench.memtrace" if os.environ.get("BENCH_MEMTRACE") else "vkprovider.cli"
+
+
 class Provider:
     """A `vkprovider run` process with `config` (its HTTP ports are filled in), ready when
     `/readyz` answers 200 and `ready(session, health_port)` (if given) is true."""
@@ -75,7 +80,7 @@ class Provider:
         path.write_text(yaml.safe_dump(self.config))
         with open(self.workdir / "vk.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vkprovider.cli", "run", "--config", str(path)], stdout=log, stderr=log
+                [sys.executable, "-m", MODULE, "run", "--config", str(path)], stdout=log, stderr=log
             )
         deadline = time.monotonic() + 60
         async with aiohttp.ClientSession() as session:

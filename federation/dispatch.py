@@ -15,7 +15,8 @@
   (federation.podsecurity), checked before anything reaches the member; a pod its job's member
   (or, before the job is placed, every member) refuses ends Failed with ForbiddenByMemberPolicy
   (ProviderInvalid). Member namespaces carry their member's Pod Security Admission labels.
-- Our member pods are watched (by label) and their status reported back to the runtime.
+- Our member pods are watched (federation.memberpods) and their status reported back to the
+  runtime; what they refer to is copied into their member first (federation.reflector).
 State is rebuilt from the front-end pods and the member pods after a restart.
 """
 
@@ -23,16 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from cachetools import TTLCache
-
-from federation import disruption, forge, hybrid, outages, placement, podsecurity, reflect
+from federation import disruption, forge, hybrid, outages, placement, podsecurity
 from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import (
@@ -44,29 +41,26 @@ from federation.jobs import (
     role_of,
 )
 from federation.membernamespaces import MemberNamespaces
+from federation.memberpods import MemberPods, Tombstones, new_tombstones
 from federation.nativepods import NativePods
-from federation.reservations import Reservations
+from federation.reflector import Reflector
 from federation.tide import GangMetrics
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import (
     AlreadyExists,
     ApiError,
-    ClusterAccess,
     Conflict,
-    Gone,
     KubeClient,
     NotFound,
-    WriteFence,
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
-from vkprovider.podstatus import failed_status, is_terminal
-from vkprovider.podstore import PodOverlay, PodStore, PodSubset
+from vkprovider.podstatus import failed_status
+from vkprovider.podstore import PodOverlay, PodSubset
 from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
 RECLAIM_AT = disruption.RECLAIM_AT
-GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
 
 
 def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
@@ -74,227 +68,6 @@ def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
     uid = ((member_pod or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
     spec = (member_pod or {}).get("spec") or {"containers": []}
     return {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": spec}
-
-
-def _age(obj: dict[str, Any]) -> float:
-    created = (obj.get("metadata") or {}).get("creationTimestamp")
-    if not created:
-        return 0.0
-    when = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
-    return (datetime.datetime.now(datetime.UTC) - when).total_seconds()
-
-
-Tombstones = TTLCache[str, tuple[dict[str, Any], disruption.Disruption]]
-
-
-def new_tombstones() -> Tombstones:
-    return TTLCache(maxsize=100_000, ttl=600)
-
-
-class MemberPods:
-    """Our pods in one member, watched by label and indexed by the front-end pod they run."""
-
-    def __init__(
-        self,
-        name: str,
-        access: ClusterAccess,
-        *,
-        instance: str,
-        on_change: Callable[[str], None],
-        fence: WriteFence | None = None,
-        on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
-        tombstones: Tombstones | None = None,
-        on_listed: Callable[[str], None] | None = None,
-    ) -> None:
-        self.name = name
-        self.access = access
-        self._fence = fence
-        self._on_disrupted = on_disrupted
-        #: Front-end ns/name -> the last state of a member pod something else took away, and why:
-        #: its front-end pod ends Failed with that reason and is never re-created. Shared by all
-        #: members (the dispatcher's), so it outlives a member removed meanwhile.
-        self.tombstones: Tombstones = tombstones if tombstones is not None else new_tombstones()
-        #: UIDs of member pods we delete ourselves (their front-end pod went, a gang rolled back).
-        self._expected: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
-        self._reported: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
-        self.instance = instance
-        self._on_change = on_change
-        #: Front-end ns/name -> member pod, held as bytes (vkprovider.podstore); each entry's
-        #: index is the pod's job label, what the per-job scans below look for.
-        self.by_origin: PodStore[dict[str, Any]] = PodStore(index=self._job_label)
-        #: Front-end ns/name -> (member namespace, ConfigMaps, Secrets) its member pod refers
-        #: to, for the pods that refer to any: what the garbage collection keeps.
-        self.refs: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {}
-        #: Front-end keys whose member pod carries a reclaim notice (vkprovider.io/reclaim-at).
-        self.noticed: set[str] = set()
-        #: Member pods per job label: the durable record of where a job went, read after a
-        #: restart for jobs whose front-end pods do not (yet) carry the pin.
-        self.jobs: dict[str, int] = {}
-        #: UIDs the watch reported deleted lately, so a late create answer cannot revive one.
-        self._deleted: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=300)
-        self.synced = asyncio.Event()
-        #: The last list or watch failed: what we hold is the last known state, not the present.
-        self.failing = False
-        self._on_listed = on_listed
-        self.client: KubeClient | None = None
-        #: Room our pods not yet counted by the member's capacity summary take.
-        self.reservations = Reservations()
-        #: Namespaces ready for our pods, with the pod-security level their labels carry.
-        self.namespaces: dict[str, str] = {}
-        self._log = logs.get("member-pods", cluster=name)
-
-    @staticmethod
-    def origin(pod: dict[str, Any]) -> str:
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        return f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
-
-    @staticmethod
-    def _job_label(pod: dict[str, Any]) -> str:
-        return sys.intern(str((pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL, "")))
-
-    def keys_of(self, label: str) -> list[str]:
-        """Front-end keys of the member pods of the job with this label."""
-        return [k for k, e in self.by_origin.entries() if e.extra == label]
-
-    def record(self, pod: dict[str, Any]) -> None:
-        """Index a member pod (created by us, or seen by the watch)."""
-        key = self.origin(pod)
-        old = self.by_origin.entry(key)
-        if old is not None:
-            self._count(old.extra, -1)
-        self.by_origin[key] = pod
-        new = self.by_origin.entry(key)
-        assert new is not None
-        self._count(new.extra, 1)  # the job label, as the store's index computed it
-        if old is None or old.uid != new.uid:  # a pod's volumes and env never change: once per pod
-            cms, secrets = reflect.references(pod.get("spec") or {})
-            if cms or secrets:
-                self.refs[key] = (pod["metadata"]["namespace"], frozenset(cms), frozenset(secrets))
-            else:
-                self.refs.pop(key, None)
-        if ((pod.get("metadata") or {}).get("annotations") or {}).get(RECLAIM_AT):
-            self.noticed.add(key)
-        else:
-            self.noticed.discard(key)
-
-    def created(self, pod: dict[str, Any]) -> None:
-        """Index a pod we just created, unless the watch has reported it already: the watch's
-        copy is then as new or newer (the create's answer can arrive after the events that
-        bound and started the pod, and must not put the pod back to Pending here)."""
-        uid = pod["metadata"].get("uid")
-        if uid in self._deleted or self.by_origin.uid(self.origin(pod)) == uid:
-            return
-        self.record(pod)
-
-    def _count(self, job: str, delta: int) -> None:
-        left = self.jobs.get(job, 0) + delta
-        if left > 0:
-            self.jobs[job] = left
-        else:
-            self.jobs.pop(job, None)
-
-    def expect_deletion(self, uid: str) -> None:
-        """We delete this member pod ourselves: its going is no disruption to report."""
-        self._expected[uid] = True
-
-    def _disrupted(self, pod: dict[str, Any], *, gone: bool) -> None:
-        uid = pod["metadata"].get("uid", "")
-        if uid in self._expected or uid in self._reported:
-            return
-        what = disruption.cause_of(pod, member=self.name, gone=gone)
-        if what is None:
-            return
-        self._reported[uid] = True
-        if gone:
-            self.tombstones[self.origin(pod)] = (pod, what)
-        if self._on_disrupted is not None:
-            self._on_disrupted(self.name, pod, what)
-
-    def _put(self, pod: dict[str, Any]) -> None:
-        key = self.origin(pod)
-        if is_terminal(pod):  # type: ignore[arg-type]
-            self.reservations.release(key)
-        elif pod.get("spec", {}).get("nodeName"):
-            self.reservations.release(key, bound=True)
-        elif key not in self.reservations:
-            self.reservations.hold(key, pod_requests(pod.get("spec") or {}))
-        self.record(pod)
-        if (pod.get("status") or {}).get("phase") == "Failed":
-            self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
-        self._on_change(self.origin(pod))
-
-    def _drop(self, pod: dict[str, Any]) -> None:
-        key = self.origin(pod)
-        current = self.by_origin.entry(key)
-        if current is not None and current.uid == pod["metadata"].get("uid"):
-            del self.by_origin[key]
-            self.refs.pop(key, None)
-            self.reservations.release(key)
-            self._count(current.extra, -1)
-            self.noticed.discard(key)
-        self._deleted[pod["metadata"].get("uid")] = True
-        self._disrupted(pod, gone=True)
-        self._on_change(key)
-
-    def ours(self, pod: dict[str, Any]) -> bool:
-        """A member pod this instance made (what the label selector of our own watch picks)."""
-        found = (pod.get("metadata") or {}).get("labels") or {}
-        return found.get(forge.MANAGED) == "true" and found.get(forge.INSTANCE) == self.instance
-
-    # The feed: our pods as listed and watched, by our own watch or by the member's capacity
-    # watch (federation.watch), which sees every pod anyway: one watch of the member's pods
-    # then serves both, and each event is decoded once.
-
-    def listed(self, items: list[dict[str, Any]]) -> None:
-        """A fresh list of our pods: what is gone since is dropped, the rest put."""
-        seen = {self.origin(p) for p in items}
-        for _, pod in self.by_origin.scan([k for k in self.by_origin if k not in seen]):
-            self._drop(pod)
-        for pod in items:
-            self._put(pod)
-        self.synced.set()
-        self.failing = False
-        if self._on_listed is not None:
-            self._on_listed(self.name)
-
-    def event(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            self._drop(pod)
-        else:
-            self._put(pod)
-
-    def failed(self, error: Exception) -> None:
-        """The list or watch failed: what is held is the last known state, not the present."""
-        self.failing = True
-        self._log.warning("member pod watch failed", error=str(error))
-
-    async def run(self, *, watch: bool = True) -> None:
-        """Hold the member client (for our writes) and, with `watch`, list and watch our pods;
-        without, the feed comes from elsewhere (`listed`, `event`, `failed`)."""
-        params = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={self.instance}"}
-        async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
-            self.client = client
-            if not watch:
-                await asyncio.Event().wait()  # until cancelled
-            failures = 0
-            while True:
-                try:
-                    listed = await client.list("/api/v1/pods", params=params)
-                    self.listed(listed["items"])
-                    rv = listed["metadata"]["resourceVersion"]
-                    failures = 0
-                    while True:
-                        async for event in client.watch("/api/v1/pods", resource_version=rv, params=params):
-                            obj = event["object"]
-                            rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                            if event["type"] != "BOOKMARK":
-                                self.event(event["type"], obj)
-                except Gone:
-                    continue
-                except ApiError as exc:
-                    failures += 1
-                    self.failed(exc)
-                    await asyncio.sleep(min(5.0, 0.25 * 2**failures))
 
 
 @dataclass(slots=True)
@@ -361,8 +134,8 @@ class Dispatcher:
         self.job_of_pod: dict[str, str] = {}  # ns/name -> job key
         self.front: KubeClient | None = None
         self.events: EventRecorder | None = None
-        self._services: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        self._services_lock: dict[str, asyncio.Lock] = {}
+        #: Copies of what member pods refer to, and their garbage collection.
+        self.reflector = Reflector(instance=instance, members=members, front=lambda: self.front)
         self._needs = podsecurity.NeededLevels()
         self.member_namespaces = MemberNamespaces()
         self._log = logs.get("dispatch", instance=instance)
@@ -443,7 +216,7 @@ class Dispatcher:
         )
         namespace = body["metadata"]["namespace"]
         await self._ensure_member_basics(member, pods.client, namespace)
-        await self._reflect(pods.client, body, front_namespace=pod["metadata"].get("namespace", ""))
+        await self.reflector.copy_for(pods.client, body, front_namespace=pod["metadata"].get("namespace", ""))
         if self.events is not None and (pod["spec"].get("serviceAccountName") or "default") != config.service_account:
             await self.events.emit(
                 pod,
@@ -462,123 +235,6 @@ class Dispatcher:
             pods.reservations.release(key)
             raise
         pods.created(created)
-
-    async def _reflect(self, client: KubeClient, member_pod: dict[str, Any], *, front_namespace: str) -> None:
-        """ConfigMaps, Secrets and headless Services the pod needs, copied before it starts."""
-        assert self.front is not None
-        namespace = member_pod["metadata"]["namespace"]
-        configmaps, secrets = reflect.references(member_pod["spec"])
-        wanted = [("configmaps", n) for n in sorted(configmaps)] + [("secrets", n) for n in sorted(secrets)]
-        for plural, name in wanted:
-            try:
-                source = await self.front.get(f"/api/v1/namespaces/{front_namespace}/{plural}/{name}")
-            except NotFound:
-                continue  # the member pod waits for it, as a kubelet would
-            await self._put_copy(client, plural, reflect.copy_of(source, namespace=namespace, instance=self.instance))
-        for svc in reflect.headless_services_for(
-            member_pod["metadata"].get("labels") or {}, await self._front_services(front_namespace)
-        ):
-            copy = reflect.service_copy(svc, namespace=namespace, instance=self.instance)
-            with contextlib.suppress(AlreadyExists):
-                await client.create(f"/api/v1/namespaces/{namespace}/services", copy)
-
-    async def _front_services(self, namespace: str) -> list[dict[str, Any]]:
-        """The front-end namespace's Services, listed at most every 5 s, and once for a burst of
-        pods that all ask at the same moment."""
-        assert self.front is not None
-        async with self._services_lock.setdefault(namespace, asyncio.Lock()):
-            services = self._services.get(namespace)
-            if services is None or time.monotonic() - services[0] > 5:
-                listed = await self.front.list(f"/api/v1/namespaces/{namespace}/services")
-                services = (time.monotonic(), listed["items"])
-                self._services[namespace] = services
-            return services[1]
-
-    @staticmethod
-    async def _put_copy(client: KubeClient, plural: str, copy: dict[str, Any]) -> None:
-        path = f"/api/v1/namespaces/{copy['metadata']['namespace']}/{plural}"
-        try:
-            await client.create(path, copy)
-        except AlreadyExists:
-            current = await client.get(f"{path}/{copy['metadata']['name']}")
-            if not reflect.same_content(current, copy):
-                copy["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                await client.replace(f"{path}/{copy['metadata']['name']}", copy)
-
-    async def collect_garbage(self) -> None:
-        """Delete reflected objects no pod of ours needs any more; refresh the others."""
-        assert self.front is not None
-        selector = {"labelSelector": f"{reflect.REFLECTED}=true,{forge.INSTANCE}={self.instance}"}
-        for name in list(self._members()):
-            pods = self.pods_in(name)
-            if pods is None or pods.client is None or not pods.synced.is_set():
-                continue
-            client = pods.client
-            # What the pods refer to comes from MemberPods' index: no member pod is decoded for it.
-            used: dict[str, tuple[set[str], set[str]]] = {}
-            origin: dict[str, str] = {}
-            for key, (ns, cms, secrets) in list(pods.refs.items()):
-                known = used.setdefault(ns, (set(), set()))
-                known[0].update(cms)
-                known[1].update(secrets)
-                origin[ns] = key.partition("/")[0]
-            # A tenant may not list across the member: its namespaces in use, one by one.
-            scoped = self._members()[name].config.tenancy is not None
-            if scoped:
-                prefix = self._members()[name].config.namespace_prefix
-                fronts = {key.partition("/")[0] for key in pods.by_origin}
-                namespaces = sorted(set(pods.namespaces) | {forge.member_namespace(ns, prefix) for ns in fronts})
-            else:
-                namespaces = [""]
-
-            async def listed_in(
-                plural: str, client: KubeClient = client, namespaces: list[str] = namespaces
-            ) -> list[dict[str, Any]]:
-                out: list[dict[str, Any]] = []
-                for ns in namespaces:
-                    path = f"/api/v1/namespaces/{ns}/{plural}" if ns else f"/api/v1/{plural}"
-                    out.extend((await client.list(path, params=selector))["items"])
-                return out
-
-            for plural, index in (("configmaps", 0), ("secrets", 1)):
-                for obj in await listed_in(plural):
-                    ns, obj_name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-                    path = f"/api/v1/namespaces/{ns}/{plural}/{obj_name}"
-                    if obj_name not in used.get(ns, (set(), set()))[index]:
-                        if _age(obj) > GC_MIN_AGE:  # a copy made for a pod being created now is young
-                            with contextlib.suppress(NotFound):
-                                await client.delete(path)
-                        continue
-                    try:
-                        source = await self.front.get(f"/api/v1/namespaces/{origin[ns]}/{plural}/{obj_name}")
-                    except NotFound:
-                        continue
-                    copy = reflect.copy_of(source, namespace=ns, instance=self.instance)
-                    if not reflect.same_content(obj, copy):
-                        copy["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
-                        with contextlib.suppress(Conflict, NotFound):
-                            await client.replace(path, copy)
-            services = await listed_in("services")
-            wanted = {svc["metadata"]["namespace"] for svc in services}
-            by_namespace: dict[str, list[dict[str, Any]]] = {}
-            for _, member_pod in pods.by_origin.scan() if services else ():
-                if member_pod["metadata"]["namespace"] in wanted:
-                    by_namespace.setdefault(member_pod["metadata"]["namespace"], []).append(member_pod)
-            for svc in services:
-                ns = svc["metadata"]["namespace"]
-                members = by_namespace.get(ns, [])
-                in_use = any(reflect.headless_services_for(p["metadata"].get("labels") or {}, [svc]) for p in members)
-                if not in_use and _age(svc) > GC_MIN_AGE:
-                    with contextlib.suppress(NotFound):
-                        await client.delete(f"/api/v1/namespaces/{ns}/services/{svc['metadata']['name']}")
-
-    async def run(self, *, interval: float = 3.0) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.collect_garbage()
-            except ApiError as exc:
-                self._log.warning("reflected objects not collected", error=str(exc))
 
     async def _create_gang_object(self, job: Job, member: str) -> None:
         entry = self._members()[member]

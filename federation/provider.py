@@ -29,8 +29,9 @@ from federation import capacity, forge, memberexec, memberforward, memberlogs, o
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
 from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
-from federation.dispatch import Dispatcher, Job, MemberPods
+from federation.dispatch import Dispatcher, Job
 from federation.inventory import Inventory
+from federation.memberpods import MemberPods
 from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
 from federation.tide import FleetMetrics, GangMetrics, MemberState, Tide, TideMetrics
@@ -688,7 +689,7 @@ class FederationProvider:
             self.add_configured_member(member)
         tasks = [
             asyncio.create_task(self._publish_loop(), name="federation/publish"),
-            asyncio.create_task(self.dispatcher.run(), name="federation/reflected-gc"),
+            asyncio.create_task(self.dispatcher.reflector.run(), name="federation/reflected-gc"),
             asyncio.create_task(self.reclaimer.run(), name="federation/reclaim"),
             asyncio.create_task(self.orphans.run(), name="federation/orphans"),
         ]

@@ -41,9 +41,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from federation import disruption, forge, labels, planner, quantities
 from federation.capacity import TRACKED, MemberCapacity, eligible, ours_canonical
 from federation.config import MemberConfig
-from federation.dispatch import MemberPods
 from federation.inventory import Inventory, pod_requests
 from federation.jobs import GROUP_RESOURCES, JobRef
+from federation.memberpods import MemberPods
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, KubeClient, NotFound
@@ -111,7 +111,7 @@ class MemberView(Protocol):
 
     def inventory(self) -> Inventory | None: ...
 
-    def pods_index(self) -> Any: ...  # federation.dispatch.MemberPods
+    def pods_index(self) -> Any: ...  # federation.memberpods.MemberPods
 
 
 @dataclass

@@ -30,7 +30,7 @@ LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class PodFeed(Protocol):
-    """Where our own member pods go (federation.dispatch.MemberPods)."""
+    """Where our own member pods go (federation.memberpods.MemberPods)."""
 
     def ours(self, pod: dict[str, Any]) -> bool: ...
 

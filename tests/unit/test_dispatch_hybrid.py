@@ -16,8 +16,9 @@ import pytest
 from federation import forge, labels
 from federation.capacity import MemberCapacity, NodeFree
 from federation.config import MemberConfig
-from federation.dispatch import Dispatcher, MemberPods
+from federation.dispatch import Dispatcher
 from federation.jobs import JobRef
+from federation.memberpods import MemberPods
 from tests.unit.fakeapi import FakeApi
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")

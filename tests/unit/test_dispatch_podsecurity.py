@@ -14,7 +14,8 @@ import pytest
 from federation import forge, podsecurity
 from federation.capacity import MemberCapacity, NodeFree
 from federation.config import MemberConfig
-from federation.dispatch import Dispatcher, MemberPods
+from federation.dispatch import Dispatcher
+from federation.memberpods import MemberPods
 from tests.unit.fakeapi import FakeApi
 from vkprovider.metrics import Metrics
 from vkprovider.pods import PodController
