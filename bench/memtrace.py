@@ -28,8 +28,10 @@ def _dump(signum: int, frame: FrameType | None) -> None:
     for stat in snapshot.statistics("traceback")[:25]:
         lines.append(f"{stat.size / 1e6:.2f} MB in {stat.count} blocks")
         lines += ["    " + line for line in stat.traceback.format()]
-    with open(os.environ["BENCH_MEMTRACE"], "w") as out:
+    path = os.environ["BENCH_MEMTRACE"]
+    with open(path + ".tmp", "w") as out:
         out.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)  # whole, for the bench that waits for it
 
 
 def main() -> None:

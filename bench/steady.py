@@ -19,6 +19,8 @@ import argparse
 import asyncio
 import gc
 import json
+import os
+import signal
 import statistics
 import time
 import uuid
@@ -103,6 +105,13 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                     }
                     result["provider_rss_kib_per_pod"] = round((rss_full - rss_empty) / args.pods / 1024, 1)
                     result["provider_idle_cores"] = round(await cpu.idle_cores(args.idle_window), 4)
+                    if trace := os.environ.get("BENCH_MEMTRACE"):  # where the memory goes (bench.memtrace)
+                        Path(trace).unlink(missing_ok=True)
+                        os.kill(proc.pid, signal.SIGUSR2)
+                        for _ in range(600):  # the snapshot takes a while under tracemalloc
+                            if Path(trace).exists():
+                                break
+                            await asyncio.sleep(1)
 
                     before, t0 = cpu.seconds(), time.monotonic()
                     new = await _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names))

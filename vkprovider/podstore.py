@@ -1,15 +1,16 @@
-"""Pods held compactly: each as its JSON (orjson bytes), decoded when read.
+"""Pods held compactly: each as deflated JSON (vkprovider.podzip), decoded when read.
 
 A decoded pod costs about five times its JSON in Python objects (12 KB against 2.4 KB for a
 plain pod with its status), and a provider holds every pod bound to its nodes, each in more than
-one place. The store keeps the bytes, and the few fields its owners scan over all pods (UID,
-node, phase, and one value of the owner's choosing, `index`) in a slotted record, so such a scan
-decodes nothing. The pods read or written lately
-stay decoded too (a bounded number, `hot`): a burst's syncs read the pod its watch event has
-just put, and pay no decode.
+one place. The store keeps each pod packed (150-330 bytes for a plain pod), and the few fields
+its owners scan over all pods (UID, node, phase, and one value of the owner's choosing, `index`)
+in a slotted record, so such a scan decodes nothing. The pods read or written lately stay
+decoded (a bounded number, `hot`): a burst's syncs read the pod its watch event has just put,
+and pay no decode. A pod is packed when it leaves the hot set, not when put: a pod written
+several times in a burst (bound, started, its status reported) is packed once.
 
 A pod read from the store must be treated as read-only, as the objects of any informer cache:
-a change made to it is not kept once it has left the hot set.
+a change made to it is kept only by chance.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, Generic, TypeVar, cast
 
-import orjson
-
+from vkprovider import podzip
 from vkprovider.objects import Pod
 
 _P = TypeVar("_P", bound=Pod | dict[str, Any])
@@ -29,9 +29,12 @@ HOT = 256
 
 
 class Entry:
+    """A pod's record. `raw` is its packed JSON, None while the pod is in its store's hot set
+    and not packed yet (it is packed when it leaves)."""
+
     __slots__ = ("extra", "node", "phase", "raw", "uid")
 
-    def __init__(self, raw: bytes, uid: str, node: str, phase: str, extra: Any) -> None:
+    def __init__(self, raw: bytes | None, uid: str, node: str, phase: str, extra: Any) -> None:
         self.raw, self.uid, self.node, self.phase, self.extra = raw, uid, node, phase, extra
 
 
@@ -51,14 +54,25 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         self._hot[key] = pod
         self._hot.move_to_end(key)
         if len(self._hot) > self._hot_max:
-            self._hot.popitem(last=False)
+            gone, cold = self._hot.popitem(last=False)
+            entry = self._entries.get(gone)
+            if entry is not None and entry.raw is None:
+                entry.raw = podzip.pack(cold)
+
+    def _packed(self, key: str, entry: Entry) -> Entry:
+        """`entry` with its bytes, for a record about to leave this store (to an overlay)."""
+        if entry.raw is None:
+            entry.raw = podzip.pack(self._hot[key])
+        return entry
 
     def __getitem__(self, key: str) -> _P:
         pod = self._hot.get(key)
         if pod is not None:
             self._hot.move_to_end(key)
             return pod
-        pod = cast(_P, orjson.loads(self._entries[key].raw))
+        raw = self._entries[key].raw
+        assert raw is not None  # only a hot pod is unpacked
+        pod = cast(_P, podzip.unpack(raw))
         self._remember(key, pod)
         return pod
 
@@ -71,12 +85,11 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         status: Any = pod.get("status") or {}
         uid, node, phase = str(meta.get("uid") or ""), str(spec.get("nodeName") or ""), str(status.get("phase") or "")
         extra = self._index(pod) if self._index is not None else None
-        # orjson's answer keeps its whole growth buffer (8 KB for a 2.4 KB pod): a tight copy.
         old = self._entries.get(key)
-        self._entries[key] = Entry(bytes(memoryview(orjson.dumps(pod))), uid, node, phase, extra)
-        self._remember(key, pod)
         if old is not None and old.uid != uid and self.forgetting is not None:
-            self.forgetting(key, old)
+            self.forgetting(key, self._packed(key, old))  # before the new pod takes its hot place
+        self._entries[key] = Entry(None, uid, node, phase, extra)
+        self._remember(key, pod)
 
     def __delitem__(self, key: str) -> None:
         if key not in self._entries:
@@ -85,17 +98,18 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
 
     def discard(self, key: str) -> None:
         """Forget the pod if held (`pop` would decode it only to throw it away)."""
-        entry = self._entries.pop(key, None)
-        self._hot.pop(key, None)
+        entry = self._entries.get(key)
         if entry is not None and self.forgetting is not None:
-            self.forgetting(key, entry)
+            self.forgetting(key, self._packed(key, entry))
+        self._entries.pop(key, None)
+        self._hot.pop(key, None)
 
     def holds(self, key: str, pod: _P) -> bool:
         """`pod` is the very object held for `key` (read or put lately): the same version."""
         return self._hot.get(key) is pod
 
     def adopt(self, key: str, entry: Entry) -> None:
-        """Hold another store's record as is (its bytes are shared, not copied)."""
+        """Hold another store's record as is (its bytes are shared, not copied; packed)."""
         self._entries[key] = entry
         self._hot.pop(key, None)
 
@@ -109,7 +123,7 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         return len(self._entries)
 
     def entry(self, key: str) -> Entry | None:
-        """The pod's record (UID, node, phase, bytes), without decoding it."""
+        """The pod's record (UID, node, phase, index), without decoding it."""
         return self._entries.get(key)
 
     def uid(self, key: str) -> str | None:
@@ -135,7 +149,8 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
                 entry = self._entries.get(key)
                 if entry is None:
                     continue
-                pod = cast(_P, orjson.loads(entry.raw))
+                assert entry.raw is not None  # only a hot pod is unpacked
+                pod = cast(_P, podzip.unpack(entry.raw))
             yield key, pod
 
 

@@ -1,11 +1,11 @@
-"""vkprovider.podstore: pods kept as bytes read back equal, scans decode nothing they need not."""
+"""vkprovider.podstore: pods kept packed read back equal, scans decode nothing they need not, a pod is
+packed once when it leaves the hot set."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from vkprovider import podzip
 from vkprovider.podstore import PodOverlay, PodStore, PodSubset
 
 
@@ -38,7 +38,8 @@ def test_records_answer_uid_node_phase_and_the_owners_index_without_decoding() -
     assert (entry.uid, entry.node, entry.phase, entry.extra) == ("uid-a", "n1", "Running", "x")
     assert store.uid("ns/b") == "uid-b" and store.node("ns/b") == "" and store.uid("ns/c") is None
     assert store.on_node("n1") == ["ns/a"]
-    assert orjson.loads(entry.raw) == _pod("a", node="n1", phase="Running", job="x")
+    assert entry.raw is not None  # a left the hot set when b came: packed
+    assert podzip.unpack(entry.raw) == _pod("a", node="n1", phase="Running", job="x")
 
 
 def test_a_scan_decodes_every_pod_and_leaves_the_hot_set_as_it_was() -> None:
@@ -101,3 +102,43 @@ def test_a_subset_reads_and_forgets_through_its_overlay() -> None:
     assert list(job) == ["ns/a"] and job["ns/a"]["metadata"]["name"] == "a" and "ns/a" in overlay
     job.discard("ns/a")
     assert len(job) == 0 and "ns/a" not in overlay
+
+
+def test_a_pod_is_packed_when_it_leaves_the_hot_set_not_each_time_it_is_put(monkeypatch: Any) -> None:
+    packed: list[str] = []
+    real = podzip.pack
+
+    def counting(pod: dict[str, Any]) -> bytes:
+        packed.append(pod["metadata"]["name"])
+        return real(pod)
+
+    monkeypatch.setattr(podzip, "pack", counting)
+    store: PodStore[dict[str, Any]] = PodStore(hot=2)
+    for phase in ("Pending", "Pending", "Running"):  # bound, started, its status reported
+        store["ns/a"] = _pod("a", phase=phase)
+    assert packed == [] and store.entry("ns/a").raw is None  # type: ignore[union-attr]
+    store["ns/b"] = _pod("b")
+    store["ns/c"] = _pod("c")  # a leaves the hot set
+    assert packed == ["a"] and store["ns/a"]["status"]["phase"] == "Running"  # its last version
+    assert packed == ["a", "b"]  # a came back decoded, so b left
+    store["ns/b"] = _pod("b")
+    store["ns/b"] = _pod("b")  # c leaves; a, read back from its bytes, is not packed again
+    store["ns/d"] = _pod("d")
+    assert packed == ["a", "b", "c"]
+
+
+def test_an_overlay_adopts_a_record_the_base_had_not_packed_yet() -> None:
+    base: PodStore[dict[str, Any]] = PodStore()
+    overlay: PodOverlay[dict[str, Any]] = PodOverlay()
+    overlay.attach(base)
+    base["ns/a"] = _pod("a", phase="Running")
+    overlay["ns/a"] = base["ns/a"]
+    base.discard("ns/a")  # still hot in the base, never packed: packed as it is handed over
+    assert overlay["ns/a"] == _pod("a", phase="Running")
+    replacement = _pod("b")
+    base["ns/b"] = replacement
+    overlay["ns/b"] = base["ns/b"]
+    replacement = _pod("b", phase="Running")
+    replacement["metadata"]["uid"] = "uid-b2"
+    base["ns/b"] = replacement  # a new pod under the name: the overlay keeps the first, packed
+    assert overlay["ns/b"]["metadata"]["uid"] == "uid-b" and base["ns/b"]["metadata"]["uid"] == "uid-b2"
