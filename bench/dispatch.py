@@ -17,7 +17,9 @@ each arrives. Phases (--phases):
     least 95 % of the floor; added p99 within 1.5 x the floor's);
   - endtoend: N plain pods on a provider's pooled node over all the lab's members, from bound
     to Running reported at the front end (bench.endtoend): the provider's CPU per pod and the
-    API calls per pod by verb, front end and members, from the apiservers' audit logs.
+    API calls per pod by verb, front end and members, from the apiservers' audit logs; then the
+    same pods through bench.cpufloor (only the API work, no provider logic): its CPU per pod and
+    the provider's ratio to it.
 Every phase reports each lab process's CPU in cores (1.0 = one core of the machine's two).
 Targets (issue 5): at least 70 % of the ceiling's throughput; added p99 under 250 ms at 100/s.
 Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--rates 20,50,100]
@@ -38,7 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from bench import endtoend
+from bench import cpufloor, endtoend
 from bench.common import CpuMeter, NamespaceWatch, Profile, Provider, lab_pids, on_lab, per_pod
 from e2e import lab as lab_mod
 from federation import forge
@@ -316,7 +318,11 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
             result["compare"] = await _compare(bench, args)
     if "endtoend" in phases:
         (workdir / "e2e").mkdir()
-        result["end_to_end"] = await endtoend.dispatched(state, workdir / "e2e", args.pods, profile=args.profile_e2e)
+        ours = await endtoend.dispatched(state, workdir / "e2e", args.pods, profile=args.profile_e2e)
+        result["end_to_end"] = ours
+        # The same pods through a process that does only the API work (bench.cpufloor).
+        floor = ours["cpu_floor"] = await cpufloor.floor_cpu(state, args.pods)
+        ours["provider_to_cpu_floor"] = round(ours["provider_cpu_ms_per_pod"] / floor["cpu_ms_per_pod"], 2)
     result["targets"] = {"burst.ratio_to_ceiling": 0.7, "paced[100/s].added_ms_p99": 250}
     return result
 
