@@ -2,7 +2,9 @@
 all the lab's members, what holding them costs, and how fast status comes back under churn.
 
 Reports:
-  - the provider's RSS before and with the pods, and per mirrored pod (target: under 8 KiB);
+  - the provider's RSS before, with half and with all the pods: per mirrored pod from empty,
+    and per pod added from half to all, the cost of one more pod held apart from what a burst
+    costs once (target: under 8 KiB);
   - its CPU at rest with them (status resync, node heartbeats, capacity publishing; target:
     under 0.05 cores);
   - under a churn of --churn pods/s (one new pod created and one old deleted each 1/churn s):
@@ -88,22 +90,33 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                 for watch in watches:
                     await watch.__aenter__()
                 try:
-                    started = time.monotonic()
+                    # In two halves: RSS after the first half and after the second gives the cost
+                    # of one more pod held, apart from what any burst costs once (connections
+                    # opened, hot sets filled, allocator arenas), which (full - empty) / pods has.
                     names = [f"p{i:05d}" for i in range(args.pods)]
-                    before = cpu.seconds()
-                    await endtoend.create_all(front, ns, [endtoend.pod(n, node) for n in names], limit=50)
-                    ran = await phases.settle("Running", args.pods)
+                    half = args.pods // 2
+                    started, before, rss_half, ran = time.monotonic(), cpu.seconds(), 0, 0
+                    for part in (names[:half], names[half:]):
+                        await endtoend.create_all(front, ns, [endtoend.pod(n, node) for n in part], limit=50)
+                        ran = await phases.settle("Running", ran + len(part))
+                        if not rss_half:
+                            await asyncio.sleep(args.settle)
+                            rss_half = cpu.rss()
                     result["running"] = ran  # the rest wait in a member, their reason on the pod
-                    result["all_running_s"] = round(time.monotonic() - started, 1)
+                    result["all_running_s"] = round(time.monotonic() - started - args.settle, 1)
                     result["provider_cpu_ms_per_pod_to_running"] = round((cpu.seconds() - before) / args.pods * 1000, 2)
                     await asyncio.sleep(args.settle)
                     gc.collect()
                     rss_full = cpu.rss()
                     result["provider_rss_mib"] = {
                         "empty": round(rss_empty / 2**20, 1),
+                        "half": round(rss_half / 2**20, 1),
                         "with_pods": round(rss_full / 2**20, 1),
                     }
                     result["provider_rss_kib_per_pod"] = round((rss_full - rss_empty) / args.pods / 1024, 1)
+                    result["provider_rss_kib_per_added_pod"] = round(
+                        (rss_full - rss_half) / (args.pods - half) / 1024, 1
+                    )
                     result["provider_idle_cores"] = round(await cpu.idle_cores(args.idle_window), 4)
                     if trace := os.environ.get("BENCH_MEMTRACE"):  # where the memory goes (bench.memtrace)
                         Path(trace).unlink(missing_ok=True)
