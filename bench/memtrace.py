@@ -21,7 +21,7 @@ def _dump(signum: int, frame: FrameType | None) -> None:
     gc.collect()
     snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
     total = sum(stat.size for stat in snapshot.statistics("filename"))
-    lines = [f"total {total / 1e6:.1f} MB"]
+    lines = [f"total {total} bytes"]
     lines.append("== by line")
     lines += [str(stat) for stat in snapshot.statistics("lineno")[:40]]
     lines.append("== by traceback")

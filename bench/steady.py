@@ -66,6 +66,20 @@ async def _churn(front: KubeClient, ns: str, node: str, *, rate: float, seconds:
     return created
 
 
+async def _memtrace(pid: int) -> int:
+    """Have the provider under bench.memtrace write its snapshot; the bytes it traces."""
+    trace = Path(os.environ["BENCH_MEMTRACE"])
+    trace.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR2)
+    for _ in range(600):  # the snapshot takes a while under tracemalloc
+        if trace.exists():
+            break
+        await asyncio.sleep(1)
+    first = trace.read_text().partition("\n")[0]  # "total N bytes"
+    trace.rename(trace.with_suffix(f".{time.time():.0f}"))
+    return int(first.split()[1])
+
+
 async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     lab = lab_mod.load_running(state)
     node = f"vk-steady-{uuid.uuid4().hex[:5]}"
@@ -79,6 +93,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
         cpu = endtoend.Cpu(proc.pid)
         await asyncio.sleep(5)
         rss_empty = cpu.rss()
+        traced_empty = await _memtrace(proc.pid) if os.environ.get("BENCH_MEMTRACE") else 0
         result["provider_idle_cores_empty"] = round(await cpu.idle_cores(args.idle_window), 4)
         await ensure_namespace(front, ns)
         members = {m: KubeClient(load_kubeconfig(lab.kubeconfig(m))) for m in endtoend.members(lab)}
@@ -118,13 +133,9 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                         (rss_full - rss_half) / (args.pods - half) / 1024, 1
                     )
                     result["provider_idle_cores"] = round(await cpu.idle_cores(args.idle_window), 4)
-                    if trace := os.environ.get("BENCH_MEMTRACE"):  # where the memory goes (bench.memtrace)
-                        Path(trace).unlink(missing_ok=True)
-                        os.kill(proc.pid, signal.SIGUSR2)
-                        for _ in range(600):  # the snapshot takes a while under tracemalloc
-                            if Path(trace).exists():
-                                break
-                            await asyncio.sleep(1)
+                    if os.environ.get("BENCH_MEMTRACE"):  # where the memory goes (bench.memtrace)
+                        traced = await _memtrace(proc.pid)
+                        result["traced_kib_per_pod"] = round((traced - traced_empty) / args.pods / 1024, 2)
 
                     before, t0 = cpu.seconds(), time.monotonic()
                     new = await _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names))
