@@ -81,7 +81,7 @@ class PodController:
         if isinstance(provider, PodCacheReader):
             provider.read_pod_cache(self.cache)
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
-        self._settling: dict[str, float] = {}  # key -> loop time until which its first status write waits
+        self._settling: dict[str, float] = {}  # key -> loop time its pod was created in the provider
         self._listed: set[str] = set()
         #: Keys whose sync found the API unreachable: synced again once a list succeeds.
         self._parked: set[str] = set()
@@ -287,7 +287,7 @@ class PodController:
             if not await self._create(key, pod):
                 return
             if self._settings.status_settle > 0:
-                self._settling[key] = asyncio.get_running_loop().time() + self._settings.status_settle
+                self._settling[key] = asyncio.get_running_loop().time()
             remote = await self._provider.get_pod(namespace, name)
             if remote is None:
                 raise ProviderError(f"pod {key} missing right after create")
@@ -313,15 +313,23 @@ class PodController:
 
     def _settle(self, key: str, desired: PodStatus) -> bool:
         """True (and the key queued for later) while a new pod's first status write waits: only
-        while it is Pending, so Running or a failure is written the moment it is known."""
-        until = self._settling.get(key)
-        if until is None:
+        while it is Pending, so Running or a failure is written the moment it is known. It waits
+        `status_settle`, and in a burst (more new pods waiting for their first write than there
+        are workers) up to `status_settle_burst`: there each Pending write would take the API's
+        time from the creates behind it, and most pods run before it is due. A provider change
+        syncs the pod again meanwhile, so Running is still written at once."""
+        created = self._settling.get(key)
+        if created is None:
             return False
-        remaining = until - asyncio.get_running_loop().time()
-        if remaining > 0 and desired.get("phase", "Pending") == "Pending":
-            assert self.queue is not None
-            self.queue.add_after(key, remaining)
-            return True
+        if desired.get("phase", "Pending") == "Pending":
+            settings = self._settings
+            burst = len(self._settling) > settings.workers
+            until = created + max(settings.status_settle, settings.status_settle_burst if burst else 0.0)
+            remaining = until - asyncio.get_running_loop().time()
+            if remaining > 0:
+                assert self.queue is not None
+                self.queue.add_after(key, remaining)
+                return True
         del self._settling[key]
         return False
 

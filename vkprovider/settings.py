@@ -57,6 +57,13 @@ class PodSettings(_Section):
         description="Seconds a newly created pod's first status write may wait while the pod is "
         "Pending, so a pod that starts quickly is reported once, as Running. 0 writes at once.",
     )
+    status_settle_burst: float = Field(
+        10.0,
+        ge=0,
+        description="Seconds the first status write may wait while Pending in a burst (more new pods "
+        "waiting for their first write than there are workers): those writes would compete with the "
+        "creates behind them. Running or a failure is still written at once.",
+    )
     status_poll_interval: float = Field(5.0, description="Seconds between status polls of providers without push.")
     retry_cap: float = Field(60.0, description="Longest backoff, in seconds, between retries of one pod.")
     event_dedupe_seconds: float = Field(60.0, description="Identical Events within this many seconds are sent once.")

@@ -684,6 +684,42 @@ async def test_a_pod_that_starts_at_once_is_reported_once(offline: KubeClient, v
         await delete_namespace(offline, ns)
 
 
+async def _first_writes(client: KubeClient, ns: str, count: int) -> dict[str, str]:
+    """The phase of each pod's first status write that carries a host IP (the runtime's), for
+    the first `count` pods written."""
+    listed = await client.list(f"/api/v1/namespaces/{ns}/pods")
+    rv = listed["metadata"]["resourceVersion"]
+    first: dict[str, str] = {}
+    async for event in client.watch(f"/api/v1/namespaces/{ns}/pods", resource_version=rv, timeout_seconds=40):
+        obj = event["object"]
+        if event["type"] == "MODIFIED" and obj.get("status", {}).get("hostIP"):
+            first.setdefault(obj["metadata"]["name"], obj["status"]["phase"])
+            if len(first) == count:
+                break
+    return first
+
+
+async def test_in_a_burst_a_pod_that_starts_within_the_burst_settle_is_reported_once(
+    offline: KubeClient, vk: Any
+) -> None:
+    """More new pods waiting for their first status write than there are workers (a burst): each
+    waits up to pods.status_settle_burst while Pending, so pods that start 3 s after their
+    create (beyond the 1 s settle) are first written as Running, with no Pending write before."""
+    proc = vk(**{"provider.memory.startup_delay": 3.0, "pods.workers": 2})
+    proc.start()
+    await proc.wait_ready()
+    ns = await make_namespace(offline, f"burst-{uuid.uuid4().hex[:6]}")
+    names = [f"p-{i:02d}" for i in range(12)]
+    try:
+        watching = asyncio.create_task(_first_writes(offline, ns, len(names)), name="test-watch/burst")
+        await asyncio.sleep(0.3)
+        await asyncio.gather(*(offline.create(f"/api/v1/namespaces/{ns}/pods", vk_pod(n, proc.node)) for n in names))
+        first = await asyncio.wait_for(watching, timeout=45)
+        assert first == dict.fromkeys(names, "Running")
+    finally:
+        await delete_namespace(offline, ns)
+
+
 async def _service_account_token(client: KubeClient, ns: str, name: str) -> str:
     await client.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": name}})
     request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}}
