@@ -43,6 +43,7 @@ from vkprovider.provider import (
     ProviderNotFound,
 )
 from vkprovider.settings import PodSettings
+from vkprovider.settle import Settling
 from vkprovider.workqueue import ShutDown, WorkQueue
 
 PODS_PATH = "/api/v1/pods"
@@ -81,7 +82,7 @@ class PodController:
         if isinstance(provider, PodCacheReader):
             provider.read_pod_cache(self.cache)
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
-        self._settling: dict[str, float] = {}  # key -> loop time its pod was created in the provider
+        self._settling = Settling(settings)  # when a new pod's first status write is due
         self._listed: set[str] = set()
         #: Keys whose sync found the API unreachable: synced again once a list succeeds.
         self._parked: set[str] = set()
@@ -259,10 +260,10 @@ class PodController:
                 except ProviderNotFound:
                     pass
             self._own_writes.pop(key, None)
-            self._settling.pop(key, None)
+            self._settling.forget(key)
             return
         if pod["metadata"].get("deletionTimestamp"):
-            self._settling.pop(key, None)
+            self._settling.forget(key)
             await self._sync_deleting(key, pod)
             return
         if podstatus.is_terminal(pod):
@@ -286,8 +287,7 @@ class PodController:
                 return
             if not await self._create(key, pod):
                 return
-            if self._settings.status_settle > 0:
-                self._settling[key] = asyncio.get_running_loop().time()
+            self._settling.created(key, asyncio.get_running_loop().time())
             remote = await self._provider.get_pod(namespace, name)
             if remote is None:
                 raise ProviderError(f"pod {key} missing right after create")
@@ -303,35 +303,16 @@ class PodController:
             else {}
         )
         if podstatus.status_differs(pod.get("status", {}), desired) or annotations:
-            if self._settle(key, desired):
+            wait = self._settling.wait(key, desired, asyncio.get_running_loop().time())
+            if wait > 0:
+                assert self.queue is not None
+                self.queue.add_after(key, wait)
                 return
             first_end = not podstatus.is_terminal(pod)
             await self._write_status(pod, desired, annotations=annotations)
             if first_end and (desired.get("reason") == "Evicted" or podstatus.disrupted(desired)):
                 reason = desired.get("reason") or "Disrupted"
                 await self._events.emit(pod, reason=reason, message=desired.get("message", ""), warning=True)
-
-    def _settle(self, key: str, desired: PodStatus) -> bool:
-        """True (and the key queued for later) while a new pod's first status write waits: only
-        while it is Pending, so Running or a failure is written the moment it is known. It waits
-        `status_settle`, and in a burst (more new pods waiting for their first write than there
-        are workers) up to `status_settle_burst`: there each Pending write would take the API's
-        time from the creates behind it, and most pods run before it is due. A provider change
-        syncs the pod again meanwhile, so Running is still written at once."""
-        created = self._settling.get(key)
-        if created is None:
-            return False
-        if desired.get("phase", "Pending") == "Pending":
-            settings = self._settings
-            burst = len(self._settling) > settings.workers
-            until = created + max(settings.status_settle, settings.status_settle_burst if burst else 0.0)
-            remaining = until - asyncio.get_running_loop().time()
-            if remaining > 0:
-                assert self.queue is not None
-                self.queue.add_after(key, remaining)
-                return True
-        del self._settling[key]
-        return False
 
     async def _create(self, key: str, pod: Pod) -> bool:
         try:

@@ -54,13 +54,14 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         self._hot[key] = pod
         self._hot.move_to_end(key)
         if len(self._hot) > self._hot_max:
-            gone, cold = self._hot.popitem(last=False)
+            gone = next(iter(self._hot))
             entry = self._entries.get(gone)
-            if entry is not None and entry.raw is None:
-                entry.raw = podzip.pack(cold)
+            if entry is not None:
+                self._packed(gone, entry)
+            del self._hot[gone]
 
     def _packed(self, key: str, entry: Entry) -> Entry:
-        """`entry` with its bytes, for a record about to leave this store (to an overlay)."""
+        """`entry` with its bytes, for a pod about to leave the hot set or this store."""
         if entry.raw is None:
             entry.raw = podzip.pack(self._hot[key])
         return entry

@@ -1,0 +1,41 @@
+"""When a new pod's first status write is due: the settle rule of the pod controller.
+
+A pod that starts quickly is reported once, as Running, not Pending then Running: its first
+write waits while it is Pending, `status_settle` seconds, and in a burst (more new pods waiting
+for their first write than there are workers) up to `status_settle_burst`, where each Pending
+write would take the API's time from the creates behind it and most pods run before it is due.
+Running or a failure is written at once: the controller asks again on every provider change.
+Pure bookkeeping on loop times; the controller owns the queue and the writes.
+"""
+
+from __future__ import annotations
+
+from vkprovider.objects import PodStatus
+from vkprovider.settings import PodSettings
+
+
+class Settling:
+    def __init__(self, settings: PodSettings) -> None:
+        self._settings = settings
+        self._created: dict[str, float] = {}  # key -> loop time its pod was created in the provider
+
+    def created(self, key: str, now: float) -> None:
+        if self._settings.status_settle > 0:  # 0: every first write at once
+            self._created[key] = now
+
+    def forget(self, key: str) -> None:
+        self._created.pop(key, None)
+
+    def wait(self, key: str, desired: PodStatus, now: float) -> float:
+        """Seconds the pod's first write still waits (0: write now, and the pod is forgotten)."""
+        created = self._created.get(key)
+        if created is None:
+            return 0.0
+        if desired.get("phase", "Pending") == "Pending":
+            settings = self._settings
+            burst = len(self._created) > settings.workers
+            until = created + max(settings.status_settle, settings.status_settle_burst if burst else 0.0)
+            if until > now:
+                return until - now
+        del self._created[key]
+        return 0.0
