@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from federation import labels, quantities
+from vkprovider.kube.relist import Relist
 
 Requests = tuple[tuple[str, int], ...]
 
@@ -213,7 +214,8 @@ class Inventory:
             used[name] = used.get(name, 0) + sign * value
         self.touch(record.node)
 
-    def upsert_pod(self, obj: dict[str, Any]) -> None:
+    def upsert_pod(self, obj: dict[str, Any]) -> str:
+        """Count the pod in (again); its key."""
         meta = obj.get("metadata") or {}
         key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
         spec = obj.get("spec") or {}
@@ -238,21 +240,28 @@ class Inventory:
             record = PodRecord(sys.intern(node), self._compact(pod_requests(spec)), ours)
             self.pods[key] = record
             self._account(record, +1)
+        return key
 
     def delete_pod(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        self._forget(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+    def _forget(self, key: str) -> None:
         self.pending.pop(key, None)
         old = self.pods.pop(key, None)
         if old is not None:
             self._account(old, -1)
 
+    def relist_pods(self) -> Relist:
+        """A fresh list of the member's pods, taken in pages (vkprovider.kube.relist): each
+        counted in as it comes, then those the list no longer holds counted out."""
+        return Relist(self.upsert_pod, self._relisted_pods)
+
+    def _relisted_pods(self, seen: set[str]) -> None:
+        for key in [k for k in (*self.pods, *self.pending) if k not in seen]:
+            self._forget(key)
+
     def replace_pods(self, objs: list[dict[str, Any]]) -> None:
-        for node in set(self.online_used) | set(self.ours_used):
-            self.touch(node)
-        self.pods = {}
-        self.pending = {}
-        self.online_used = {}
-        self.ours_used = {}
-        for obj in objs:
-            self.upsert_pod(obj)
+        into = self.relist_pods()
+        into.page(objs)
+        into.done()

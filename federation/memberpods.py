@@ -25,6 +25,7 @@ from federation.inventory import pod_requests
 from federation.reservations import Reservations
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, WriteFence
+from vkprovider.kube.relist import Relist, relist
 from vkprovider.podstatus import is_terminal
 from vkprovider.podstore import PodStore
 
@@ -192,13 +193,24 @@ class MemberPods:
     # watch (federation.watch), which sees every pod anyway: one watch of the member's pods
     # then serves both, and each event is decoded once.
 
+    def relist(self) -> Relist:
+        """A fresh list of our pods, taken in pages (vkprovider.kube.relist): each put as it
+        comes, then what is gone since dropped."""
+        return Relist(self._listed_one, self._listed)
+
     def listed(self, items: list[dict[str, Any]]) -> None:
-        """A fresh list of our pods: what is gone since is dropped, the rest put."""
-        seen = {self.origin(p) for p in items}
+        """A fresh list of our pods, whole."""
+        into = self.relist()
+        into.page(items)
+        into.done()
+
+    def _listed_one(self, pod: dict[str, Any]) -> str:
+        self._put(pod)
+        return self.origin(pod)
+
+    def _listed(self, seen: set[str]) -> None:
         for _, pod in self.by_origin.scan([k for k in self.by_origin if k not in seen]):
             self._drop(pod)
-        for pod in items:
-            self._put(pod)
         self.synced.set()
         self.failing = False
         if self._on_listed is not None:
@@ -226,9 +238,7 @@ class MemberPods:
             failures = 0
             while True:
                 try:
-                    listed = await client.list("/api/v1/pods", params=params)
-                    self.listed(listed["items"])
-                    rv = listed["metadata"]["resourceVersion"]
+                    rv = await relist(client, "/api/v1/pods", self.relist(), params=params)
                     failures = 0
                     while True:
                         async for event in client.watch("/api/v1/pods", resource_version=rv, params=params):

@@ -210,10 +210,12 @@ class OrphanReconciler:
         live: dict[str, str] = {}
         for node in self._nodes():
             selector = f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
-            listed = await self.front.list("/api/v1/pods", params={"fieldSelector": selector}, metadata_only=True)
-            for item in listed["items"]:
-                meta = item["metadata"]
-                live[f"{meta.get('namespace')}/{meta.get('name')}"] = str(meta.get("uid", ""))
+            # in pages: tens of thousands of pods decoded at once would be a burst of memory
+            params = {"fieldSelector": selector}
+            async for page in self.front.pages("/api/v1/pods", params=params, metadata_only=True):
+                for item in page.pop("items", None) or ():
+                    meta = item["metadata"]
+                    live[f"{meta.get('namespace')}/{meta.get('name')}"] = str(meta.get("uid", ""))
         return live
 
     async def sweep(self, name: str, live: Mapping[str, str]) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from federation.inventory import Inventory
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, NotFound
+from vkprovider.kube.relist import Relist, Whole, relist
 from vkprovider.podstatus import TERMINAL_PHASES
 
 NODES = "/api/v1/nodes"
@@ -34,7 +35,7 @@ class PodFeed(Protocol):
 
     def ours(self, pod: dict[str, Any]) -> bool: ...
 
-    def listed(self, items: list[dict[str, Any]]) -> None: ...
+    def relist(self) -> Relist: ...
 
     def event(self, kind: str, pod: dict[str, Any]) -> None: ...
 
@@ -52,9 +53,22 @@ class SharedPods:
     def __init__(self, inventory: Inventory, feed: PodFeed) -> None:
         self.inventory, self.feed = inventory, feed
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        self.inventory.replace_pods([p for p in items if not _finished(p)])
-        self.feed.listed([p for p in items if self.feed.ours(p)])
+    def relist(self) -> Relist:
+        """A fresh list of all the member's pods, in pages: each page to both."""
+        live, ours = self.inventory.relist_pods(), self.feed.relist()
+
+        def put(pod: dict[str, Any]) -> str:
+            if not _finished(pod):  # what the inventory's own field selector would list
+                live.put(pod)
+            if self.feed.ours(pod):
+                ours.put(pod)
+            return str(pod["metadata"].get("uid", ""))
+
+        def done(seen: set[str]) -> None:
+            live.done()
+            ours.done()
+
+        return Relist(put, done)
 
     def upsert(self, pod: dict[str, Any]) -> None:
         # A pod that finished leaves the inventory, as it left the field selector's set.
@@ -114,8 +128,8 @@ class MemberWatcher:
         path: str,
         *,
         params: dict[str, str] | None,
-        replace: Callable[[list[dict[str, Any]]], None],
-        upsert: Callable[[dict[str, Any]], None],
+        relisted: Callable[[], Relist | Whole],
+        upsert: Callable[[dict[str, Any]], Any],
         delete: Callable[[dict[str, Any]], None],
         failed: Callable[[Exception], None] = lambda error: None,
     ) -> None:
@@ -123,14 +137,12 @@ class MemberWatcher:
         failures = 0
         while True:
             try:
-                listed = await self.client.list(path, params=params)
+                rv = await relist(self.client, path, relisted(), params=params)
                 self._contact()
-                replace(listed["items"])
                 self._listed.add(kind)
                 if self._listed >= {"nodes", "pods", "topologies"}:
                     self.synced.set()
                 self._on_change()
-                rv = listed["metadata"]["resourceVersion"]
                 failures = 0
                 while True:
                     async for event in self.client.watch(path, resource_version=rv, params=params):
@@ -178,7 +190,7 @@ class MemberWatcher:
                 "pods",
                 PODS,
                 params={"fieldSelector": LIVE_PODS},
-                replace=inv.replace_pods,
+                relisted=inv.relist_pods,
                 upsert=inv.upsert_pod,
                 delete=inv.delete_pod,
             )
@@ -187,7 +199,7 @@ class MemberWatcher:
             "pods",
             PODS,
             params=None,
-            replace=shared.replace,
+            relisted=shared.relist,
             upsert=shared.upsert,
             delete=shared.delete,
             failed=self.pods.failed,
@@ -205,14 +217,19 @@ class MemberWatcher:
 
         loops: dict[str, Coroutine[Any, Any, None]] = {
             "nodes": self._loop(
-                "nodes", NODES, params=None, replace=inv.replace_nodes, upsert=inv.upsert_node, delete=delete_node
+                "nodes",
+                NODES,
+                params=None,
+                relisted=lambda: Whole(inv.replace_nodes),
+                upsert=inv.upsert_node,
+                delete=delete_node,
             ),
             "pods": self._pods_loop(),
             "topologies": self._loop(
                 "topologies",
                 TOPOLOGIES,
                 params=None,
-                replace=inv.replace_topologies,
+                relisted=lambda: Whole(inv.replace_topologies),
                 upsert=inv.upsert_topology,
                 delete=delete_topology,
             ),

@@ -30,6 +30,7 @@ from vkprovider import logs, podstatus
 from vkprovider.backoff import ExponentialBackoff
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound, Unreachable
+from vkprovider.kube.relist import Relist, relist
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, PodStatus, pod_key, split_key
 from vkprovider.podstore import PodStore
@@ -118,34 +119,33 @@ class PodController:
 
     # -- the API side ----------------------------------------------------------------------------
 
-    def _observe(self, pod: Pod) -> None:
+    def _observe(self, pod: Pod) -> str:
         key = pod_key(pod)
         self.cache[key] = pod
         rv = pod["metadata"].get("resourceVersion")
         if rv is not None and self._own_writes.get(key) == rv:
-            return  # the echo of our own status write: nothing new
+            return key  # the echo of our own status write: nothing new
         assert self.queue is not None
         self.queue.add(key)
+        return key
+
+    def _relisted(self, node: str, seen: set[str]) -> None:
+        for key in [k for k in self.cache.on_node(node) if k not in seen]:
+            del self.cache[key]  # deleted while we were not watching
+            assert self.queue is not None
+            self.queue.add(key)
+        self._listed.add(node)
+        if self._listed >= set(self._nodes):
+            self.ready.set()
+        self._unpark()
 
     async def _watch_node(self, node: str) -> None:
         params = {"fieldSelector": f"spec.nodeName={node}"}
         failures = 0
         while True:
             try:
-                listed = await self._client.list(PODS_PATH, params=params)
-                rv = listed["metadata"]["resourceVersion"]
-                seen = set()
-                for pod in listed["items"]:
-                    self._observe(pod)
-                    seen.add(pod_key(pod))
-                for key in [k for k in self.cache.on_node(node) if k not in seen]:
-                    del self.cache[key]  # deleted while we were not watching
-                    assert self.queue is not None
-                    self.queue.add(key)
-                self._listed.add(node)
-                if self._listed >= set(self._nodes):
-                    self.ready.set()
-                self._unpark()
+                into = Relist(self._observe, lambda seen: self._relisted(node, seen))  # type: ignore[arg-type]
+                rv = await relist(self._client, PODS_PATH, into, params=params)
                 failures = 0
                 while True:
                     async for event in self._client.watch(PODS_PATH, resource_version=rv, params=params):

@@ -31,9 +31,9 @@ class SlowApi:
         self.release = asyncio.Event()
         self.calls: list[str] = []
 
-    async def list(self, path: str, *, params: Any = None) -> dict[str, Any]:
+    async def pages(self, path: str, *, params: Any = None, **_: Any) -> AsyncIterator[dict[str, Any]]:
         await self.release.wait()
-        return {"metadata": {"resourceVersion": "10"}, "items": [POD]}
+        yield {"metadata": {"resourceVersion": "10"}, "items": [POD]}
 
     async def watch(self, path: str, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
         await asyncio.sleep(3600)

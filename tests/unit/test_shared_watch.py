@@ -7,6 +7,7 @@ from typing import Any
 
 from federation.inventory import Inventory
 from federation.watch import SharedPods
+from vkprovider.kube.relist import Relist
 
 
 class Feed:
@@ -19,8 +20,14 @@ class Feed:
     def ours(self, pod: dict[str, Any]) -> bool:
         return (pod["metadata"].get("labels") or {}).get("vkprovider.io/instance") == "vk"
 
-    def listed(self, items: list[dict[str, Any]]) -> None:
-        self.lists.append([p["metadata"]["name"] for p in items])
+    def relist(self) -> Relist:
+        names: list[str] = []
+
+        def put(pod: dict[str, Any]) -> str:
+            names.append(pod["metadata"]["name"])
+            return str(pod["metadata"]["name"])
+
+        return Relist(put, lambda seen: self.lists.append(names))
 
     def event(self, kind: str, pod: dict[str, Any]) -> None:
         self.events.append((kind, pod["metadata"]["name"]))
@@ -41,7 +48,10 @@ def _pod(name: str, *, ours: bool, phase: str = "Running") -> dict[str, Any]:
 def test_live_pods_go_to_the_inventory_and_ours_to_the_feed_finished_ones_too() -> None:
     inventory, feed = Inventory(network_pod_label="np"), Feed()
     shared = SharedPods(inventory, feed)
-    shared.replace([_pod("online", ours=False), _pod("a", ours=True), _pod("done", ours=True, phase="Succeeded")])
+    relist = shared.relist()
+    relist.page([_pod("online", ours=False), _pod("a", ours=True)])  # a list in two pages
+    relist.page([_pod("done", ours=True, phase="Succeeded")])
+    relist.done()
     assert set(inventory.pods) == {"online", "a"}
     assert feed.lists == [["a", "done"]]
 
@@ -53,3 +63,18 @@ def test_live_pods_go_to_the_inventory_and_ours_to_the_feed_finished_ones_too() 
 
     shared.delete(_pod("done", ours=True, phase="Succeeded"))
     assert feed.events[-1] == ("DELETED", "done")
+
+
+def test_a_paged_relist_counts_what_it_lists_and_counts_out_what_it_no_longer_holds() -> None:
+    inventory = Inventory(network_pod_label="np")
+    inventory.replace_pods([_pod("stays", ours=False), _pod("gone", ours=False), _pod("ours", ours=True)])
+    relist = inventory.relist_pods()
+    relist.page([_pod("stays", ours=False)])
+    # until the list ends, what the earlier pages did not name is still counted (the old state)
+    assert set(inventory.pods) == {"stays", "gone", "ours"}
+    relist.page([_pod("ours", ours=True), _pod("new", ours=False)])
+    relist.done()
+    assert set(inventory.pods) == {"stays", "ours", "new"}
+    fresh = Inventory(network_pod_label="np")
+    fresh.replace_pods([_pod("stays", ours=False), _pod("ours", ours=True), _pod("new", ours=False)])
+    assert (inventory.online_used, inventory.ours_used) == (fresh.online_used, fresh.ours_used)

@@ -37,6 +37,8 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
 
 Params = Mapping[str, str | int | bool | None]
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+#: Items per page of a paged list: client-go's default, what apiservers are tuned for.
+PAGE_SIZE = 500
 
 
 class WatchEvent(TypedDict):
@@ -208,17 +210,39 @@ class KubeClient:
 
     async def list(self, path: str, *, params: Params | None = None, metadata_only: bool = False) -> dict[str, Any]:
         """A whole list, following `continue` tokens; items of all pages in one dict. With
-        `metadata_only` the apiserver sends each item's metadata alone (far less to decode)."""
+        `metadata_only` the apiserver sends each item's metadata alone (far less to decode).
+        For collections that can hold thousands (pods), `pages` decodes one page at a time."""
         items: list[dict[str, Any]] = []
+        page: dict[str, Any] = {}
+        async for page in self.pages(path, params=params, metadata_only=metadata_only, limit=None):
+            items.extend(page.get("items") or [])
+        page["items"] = items
+        return page
+
+    async def pages(
+        self,
+        path: str,
+        *,
+        params: Params | None = None,
+        metadata_only: bool = False,
+        limit: int | None = PAGE_SIZE,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """A list in pages of at most `limit` items (None: as the apiserver chooses, usually one
+        page), each decoded only when the previous one is let go: a list of tens of thousands of
+        pods costs one page of objects at a time, not the whole list at once. All pages come
+        from one snapshot, whose resourceVersion every page's metadata carries; a snapshot that
+        expires between pages raises Gone, as an expired watch does."""
         query = dict(params or {})
+        if limit is not None:
+            query["limit"] = limit
         accept = METADATA_LIST if metadata_only else None
         while True:
             page = await self.request("GET", path, params=query, accept=accept)
-            items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
+            yield page
+            del page  # not held while the next page is fetched
             if not token:
-                page["items"] = items
-                return page
+                return
             query["continue"] = token
 
     async def watch(
