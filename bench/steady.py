@@ -173,7 +173,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=10_000)
     parser.add_argument("--churn", type=float, default=20.0, help="pods created (and deleted) per second")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the churn lasts")
-    parser.add_argument("--settle", type=float, default=20.0, help="seconds after all are Running before measuring")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=40.0,
+        help="seconds after all are Running before measuring (the heap trim runs every 30 s after activity)",
+    )
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds over which idle CPU is read")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
     args = parser.parse_args()

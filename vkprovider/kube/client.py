@@ -25,6 +25,7 @@ import orjson
 
 from vkprovider.kube.access import ClusterAccess, KubeconfigError
 from vkprovider.kube.errors import ApiError, Fenced, NoCredentials, Unreachable, error_for
+from vkprovider.kube.pool import KEEPALIVE, NewestFirst
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
 
@@ -76,6 +77,7 @@ class KubeClient:
         user_agent: str = "vkprovider",
         request_timeout: float = 30.0,
         connection_limit: int = 100,
+        keepalive: float = KEEPALIVE,
         fence: WriteFence | None = None,
     ) -> None:
         self.access = access
@@ -84,7 +86,7 @@ class KubeClient:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=5.0)
         self._ssl = access.ssl_context()
         self._tls_version = access.tls_version
-        self._connector = aiohttp.TCPConnector(ssl=self._ssl, limit=connection_limit)
+        self._connector = NewestFirst(ssl=self._ssl, limit=connection_limit, keepalive_timeout=keepalive)
         self._session = aiohttp.ClientSession(
             connector=self._connector,
             headers={"User-Agent": user_agent, "Accept": "application/json"},
