@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from vkprovider import logs, status
+from vkprovider import heap, logs, status
 from vkprovider.kube.access import KubeconfigError
 from vkprovider.runtime import Runtime, build_provider
 from vkprovider.settings import SettingsError, load
@@ -67,6 +67,7 @@ def _tune_gc() -> None:
     start-up (modules, settings) out of every collection."""
     gc.set_threshold(50_000, 20, 100)
     gc.freeze()
+    heap.fix_mmap_threshold()  # and large blocks kept out of the C heap (vkprovider.heap)
 
 
 #: Commands a provider adds (settings.provider.type -> command -> "module:function"), found by

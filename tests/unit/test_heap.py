@@ -36,3 +36,7 @@ async def test_the_heap_is_trimmed_after_an_interval_with_work_and_not_after_an_
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_the_mmap_threshold_is_fixed_on_glibc() -> None:
+    assert heap.fix_mmap_threshold()
