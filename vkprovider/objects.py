@@ -6,6 +6,7 @@ spelled out, and every dict stays a plain dict at run time.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 import orjson
@@ -73,9 +74,10 @@ class Pod(TypedDict):
 
 
 def pod_key(pod: Pod) -> str:
-    """`namespace/name`: the work-queue key of a pod."""
+    """`namespace/name`: the work-queue key of a pod. Interned: the several maps that hold a
+    pod's key (its store, its job, the queue) share one string instead of a copy each."""
     meta = pod["metadata"]
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return sys.intern(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
 def split_key(key: str) -> tuple[str, str]:
