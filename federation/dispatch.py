@@ -79,7 +79,7 @@ class Job:
     place: placement.Placement | None = None
     ready_at: float | None = None  # when the gang's minimum was first bound
     dispatched_at: float | None = None
-    excluded: frozenset[str] = frozenset()  # members it was rolled back from (rare: shared empty)
+    excluded: set[str] = field(default_factory=set)
     failed: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     timer: asyncio.Task[None] | None = None
@@ -164,16 +164,15 @@ class Dispatcher:
 
     async def _job(self, pod: Pod) -> Job:
         ref = job_of(pod)  # type: ignore[arg-type]
-        key = ref.key
-        job = self.jobs.get(key)
+        job = self.jobs.get(ref.key)
         if job is None:
             group = await self._group(ref)
             gang = gang_of(ref, pod, group)  # type: ignore[arg-type]
-            job = self.jobs.setdefault(key, Job(ref=ref, gang=gang, pods=PodSubset(self.front_pods)))
+            job = self.jobs.setdefault(ref.key, Job(ref=ref, gang=gang, pods=PodSubset(self.front_pods)))
             if group is not None:
                 job.has_group = True
                 job.recorded = ((group.get("metadata") or {}).get("annotations") or {}).get(PIN)
-        self.job_of_pod[pod_key(pod)] = job.ref.key
+        self.job_of_pod[pod_key(pod)] = ref.key
         return job
 
     # -- member-side writes ----------------------------------------------------------------------
@@ -595,7 +594,7 @@ class Dispatcher:
             if member is not None:
                 self._log.warning("gang not bound in time; rolling back", job=job.ref.key, member=member)
                 await self._delete_member_gang(job, member)
-                job.excluded |= {member}
+                job.excluded.add(member)
                 job.member, job.place, job.dispatched_at = None, None, None
                 await self._record(job, None)
                 job.timer = None

@@ -11,7 +11,7 @@ has one). Roles come from the priority band or a role label.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from federation import bands
@@ -58,11 +58,10 @@ class JobRef:
     namespace: str
     source: str
     name: str
-    #: `namespace/source/name`, made once: the maps keyed by it share the one string.
-    key: str = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", f"{self.namespace}/{self.source}/{self.name}")
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.source}/{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +139,7 @@ def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> G
             timeout = _number(wait.rstrip("s"), timeout)
     elif job.source == KUEUE:
         minimum = int(_number(annotations.get(KUEUE_TOTAL), 1))
-    spec = GangSpec(
+    return GangSpec(
         min_member=max(1, minimum),
         timeout=timeout,
         same_network=_flag(group_annotations, annotations, key=SAME_NETWORK),
@@ -149,15 +148,6 @@ def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> G
         topology_key=topology_key,
         checkpoint_seconds=_number(group_annotations.get(CHECKPOINT_SECONDS), 0) or None,
     )
-    # One object per distinct gang: ten thousand plain pods share one, not one each.
-    if len(_SPECS) >= _SPECS_MAX:
-        _SPECS.clear()
-    return _SPECS.setdefault(spec, spec)
-
-
-#: Gangs as handed out, by value (immutable, so shared).
-_SPECS: dict[GangSpec, GangSpec] = {}
-_SPECS_MAX = 10_000
 
 
 def role_of(pod: dict[str, Any]) -> str:

@@ -94,8 +94,7 @@ class MemberPods:
     @staticmethod
     def origin(pod: dict[str, Any]) -> str:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        # interned, as vkprovider.objects.pod_key: the same string as the front-end pod's key
-        return sys.intern(f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}")
+        return f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
 
     @staticmethod
     def _job_label(pod: dict[str, Any]) -> str:

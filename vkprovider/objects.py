@@ -6,7 +6,6 @@ spelled out, and every dict stays a plain dict at run time.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 import orjson
@@ -74,10 +73,9 @@ class Pod(TypedDict):
 
 
 def pod_key(pod: Pod) -> str:
-    """`namespace/name`: the work-queue key of a pod. Interned: the several maps that hold a
-    pod's key (its store, its job, the queue) share one string instead of a copy each."""
+    """`namespace/name`: the work-queue key of a pod."""
     meta = pod["metadata"]
-    return sys.intern(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def split_key(key: str) -> tuple[str, str]:

@@ -210,8 +210,6 @@ class PodSubset(MutableMapping[str, _P], Generic[_P]):
     """Some of a shared store's pods (one job's), in the order they came: the pods live in the
     store, so all the subsets share its one hot set."""
 
-    __slots__ = ("_keys", "_store")  # one per job: most jobs are one plain pod
-
     def __init__(self, store: PodStore[_P] | PodOverlay[_P]) -> None:
         self._store = store
         self._keys: dict[str, None] = {}
