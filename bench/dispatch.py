@@ -328,6 +328,11 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
     return result
 
 
+def _lab_ms_per_pod(run: dict[str, Any]) -> float:
+    lab = float(sum(v for k, v in run["cores"].items() if k not in ("bench", "provider", "total")))
+    return round(lab / float(run["pods_per_s"]) * 1000, 2)
+
+
 async def _compare(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     """The provider against the floor in alternating rounds (burst, floor, paced at each rate
     through the provider and by hand): on this machine one run of each differs from the next by
@@ -341,6 +346,9 @@ async def _compare(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
             "burst_per_s": burst["pods_per_s"],
             "floor_per_s": floor["pods_per_s"],
             "burst_to_floor": round(burst["pods_per_s"] / floor["pods_per_s"], 2),
+            # What each pod cost the lab (etcd, the apiservers, schedulers, kwok), so whether a
+            # slower burst was the provider leaving the lab less, or asking more of it per pod.
+            "lab_cpu_ms_per_pod": {"burst": _lab_ms_per_pod(burst), "floor": _lab_ms_per_pod(floor)},
         }
         for rate in rates:
             ours, by_hand = await bench.paced(args.pods, rate), await bench.paced(args.pods, rate, by_hand=True)
