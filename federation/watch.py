@@ -62,7 +62,7 @@ class SharedPods:
                 live.put(pod)
             if self.feed.ours(pod):
                 ours.put(pod)
-            return str(pod["metadata"].get("uid", ""))
+            return ""  # the two inner relists keep the keys; this one needs none
 
         def done(seen: set[str]) -> None:
             live.done()
