@@ -26,7 +26,7 @@ import yaml
 
 from e2e import binaries, components, kubeconfig, nodes, pki, ports, procs, state
 from e2e.state import ClusterState, LabState, ProcessState
-from vkprovider.kube import AlreadyExists, ApiError, KubeClient, load_kubeconfig
+from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, load_kubeconfig
 
 CRD_DIR = Path(__file__).parent / "crds"
 STAGES = Path(__file__).parent / "kwok" / "stages.yaml"
@@ -541,10 +541,18 @@ async def start_cluster(state_dir: Path, name: str, *, fresh_components: bool = 
         await _restart_components(lab, cluster)
 
 
+async def restart_components(state_dir: Path, name: str) -> None:
+    """Restart one cluster's scheduler, controller manager and KWOK; its apiserver keeps running."""
+    lab = load_running(state_dir)
+    await _restart_components(lab, cluster_of(lab, name))
+
+
 async def _restart_components(lab: LabState, cluster: ClusterState) -> None:
     names = [n for n in ("kube-scheduler", "kube-controller-manager", "kwok") if n in cluster.processes]
     running = [cluster.processes[n] for n in names]
     await asyncio.to_thread(procs.terminate, [p.pid for p in running if p.pid], lab.marker)
+    if "kwok" in names:
+        await _release_node_leases(lab, cluster)
     async with aiohttp.ClientSession() as session:
         for proc in running:
             _start(lab, proc)
@@ -556,6 +564,21 @@ async def _restart_components(lab: LabState, cluster: ClusterState) -> None:
         await _wait(
             lab, running[-1], lambda: _cluster_ready(lab, cluster), what=f"{cluster.name} ready", timeout=START_TIMEOUT
         )
+
+
+async def _release_node_leases(lab: LabState, cluster: ClusterState) -> None:
+    """Delete the node leases a stopped KWOK held. KWOK names itself anew at each start, so a new
+    one would leave its nodes (and their pods' stages) alone until the old leases expired, 40 s
+    later; a restarted kubelet renews its node's lease at once, and so does KWOK once the lease
+    is gone."""
+    access = load_kubeconfig(lab.kubeconfig(cluster.name))
+    async with KubeClient(access, user_agent="vkprovider-lab", request_timeout=10) as client:
+        listed = await client.list("/api/v1/nodes", params={"labelSelector": "type=kwok"})
+        for node in listed["items"]:
+            with contextlib.suppress(NotFound):
+                await client.delete(
+                    f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node['metadata']['name']}"
+                )
 
 
 def provider_config(lab: LabState, provider: str, *, node: str = "vk-lab", port: int = 10250) -> str:

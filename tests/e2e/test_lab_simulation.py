@@ -3,12 +3,15 @@ pods failed, exited or evicted on request, graceful deletion, Job completion, on
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import time
 import uuid
 from typing import Any
 
 import pytest
 
+from e2e import lab as lab_mod
 from e2e import online
 from e2e.fixtures import Lab
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pod, pods
@@ -73,6 +76,34 @@ async def test_graceful_deletion_takes_the_termination_time(lab: Lab) -> None:
             assert time.monotonic() - started >= 3.5
         finally:
             await delete_namespace(client, ns)
+
+
+async def test_a_pod_completes_its_time_after_it_started_even_when_kwok_restarts(lab: Lab) -> None:
+    """`sim-complete-after` counts from the pod's startTime: a KWOK restarted in between (as the
+    outage tests restart it with its apiserver) does not start the count again."""
+    after = 10
+    async with lab.client("member-2") as client:
+        ns = await make_namespace(client, f"sim-done-{uuid.uuid4().hex[:6]}")
+        try:
+            body = pod("p", requests={"cpu": "1"}, annotations={"vkprovider.io/sim-complete-after": f"{after}s"})
+            await client.create(f"/api/v1/namespaces/{ns}/pods", body)
+            await eventually(lambda: _phase(client, ns, "p", "Running"), what="pod running")
+            await asyncio.sleep(5)  # well into its time, so a count started again would show
+            restarted = time.time()
+            await lab_mod.restart_components(lab.state_dir, "member-2")
+            await eventually(lambda: _phase(client, ns, "p", "Succeeded"), timeout=30, what="pod completed")
+            item = await client.get(f"/api/v1/namespaces/{ns}/pods/p")
+            started = _stamp(item["status"]["startTime"])
+            finished = _stamp(item["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"])
+            # Stamps have whole seconds, hence the second of slack each way.
+            assert finished >= started + after - 1, (item["status"]["startTime"], finished)
+            assert finished < restarted + after - 1, f"completed {finished - restarted:.0f}s after KWOK restarted"
+        finally:
+            await delete_namespace(client, ns)
+
+
+def _stamp(value: str) -> float:
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 async def _phase(client: KubeClient, ns: str, name: str, want: str) -> bool:
