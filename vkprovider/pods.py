@@ -338,10 +338,13 @@ class PodController:
     async def _sync_deleting(self, key: str, pod: Pod) -> None:
         namespace, name = split_key(key)
         uid = pod["metadata"].get("uid")
+        provided: PodStatus | None = None  # the provider's last status of this pod
         try:
             remote = await self._provider.get_pod(namespace, name)
             gone = remote is None or remote["metadata"].get("uid") != uid
             if not gone:
+                assert remote is not None
+                provided = remote.get("status")
                 try:
                     await self._provider.delete_pod(pod)
                 except ProviderNotFound:
@@ -349,6 +352,9 @@ class PodController:
                 else:
                     remote = await self._provider.get_pod(namespace, name)
                     gone = remote is None or remote["metadata"].get("uid") != uid
+                    if not gone:
+                        assert remote is not None
+                        provided = remote.get("status")
         except ProviderError as exc:
             # The provider cannot tell now; the grace period still bounds the wait.
             self._log.info("provider cannot confirm a deletion yet", pod=key, error=str(exc))
@@ -358,6 +364,9 @@ class PodController:
             assert self.queue is not None
             self.queue.add_after(key, min(1.0, remaining))
             return
+        if not podstatus.is_terminal(pod):
+            # A Conflict (the pod changed meanwhile) is retried with the pod as it is now.
+            await self._write_status(pod, podstatus.deleted_status(pod, provided, host_ip=self._host_ip))
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
         try:
             await self._client.delete(pod_path(namespace, name), body=body)

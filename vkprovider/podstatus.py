@@ -11,6 +11,8 @@ from typing import Any
 from vkprovider.objects import ContainerStatus, Pod, PodCondition, PodStatus, clone
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: A deleted pod's containers, stopped with it where the provider can no longer tell their exit.
+DELETED = "The container was stopped with its deleted pod; its exit code is not known"
 
 #: Status fields the runtime owns and writes; everything else (PodScheduled from the
 #: scheduler, DisruptionTarget from controllers, ...) belongs to other writers.
@@ -184,6 +186,18 @@ def failed_status(pod: Pod, *, reason: str, message: str, exit_code: int = 137) 
     start = pod.get("status", {}).get("startTime")
     if start:
         status["startTime"] = start
+    return status
+
+
+def deleted_status(pod: Pod, provided: PodStatus | None, *, host_ip: str) -> PodStatus:
+    """The terminal status a deleted pod is given before it goes, as the kubelet gives it (so a Job
+    that waits for its pods to fail, podReplacementPolicy Failed or a podFailurePolicy, counts it
+    and drops its finalizer): the provider's own if the pod ended there, else Failed with its
+    containers' exit not known."""
+    if provided and provided.get("phase") in TERMINAL_PHASES:
+        return desired_status(pod, provided, host_ip=host_ip)
+    status = failed_status(pod, reason="ContainerStatusUnknown", message=DELETED)
+    del status["reason"], status["message"]  # the kubelet names no pod-level reason for a deletion
     return status
 
 

@@ -358,6 +358,40 @@ async def test_deletion_graceful_forced_and_slow(offline: KubeClient, vk: Any) -
         await delete_namespace(offline, ns)
 
 
+async def test_a_deleted_pod_ends_failed_before_it_goes_so_its_job_replaces_it(offline: KubeClient, vk: Any) -> None:
+    """As the kubelet does, a deleted pod is given a terminal phase before it goes: a Job that
+    replaces a pod only once it has failed (podReplacementPolicy: Failed) counts it, drops its
+    tracking finalizer (else the pod would stay Terminating for ever) and starts another."""
+    proc = vk()
+    proc.start()
+    await proc.wait_ready()
+    ns = await make_namespace(offline, f"jobdel-{uuid.uuid4().hex[:6]}")
+    try:
+        template = vk_pod("x", proc.node)
+        template["spec"]["restartPolicy"] = "Never"
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "work"},
+            "spec": {"backoffLimit": 3, "podReplacementPolicy": "Failed", "template": {"spec": template["spec"]}},
+        }
+        await offline.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
+        first = (await eventually(lambda: running(offline, ns, 1), timeout=30, what="the Job's pod running"))[0]
+        name = first["metadata"]["name"]
+        await offline.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+        async def replaced() -> list[dict[str, Any]] | None:
+            items = await pods(offline, ns)
+            names = {p["metadata"]["name"] for p in items}
+            return items if name not in names and len(items) == 1 else None
+
+        await eventually(replaced, timeout=30, what="the deleted pod gone and a replacement created")
+        status = (await offline.get(f"/apis/batch/v1/namespaces/{ns}/jobs/work"))["status"]
+        assert status.get("failed") == 1, status
+    finally:
+        await delete_namespace(offline, ns)
+
+
 async def _gone(client: KubeClient, ns: str, name: str) -> bool:
     try:
         await client.get(f"/api/v1/namespaces/{ns}/pods/{name}")
