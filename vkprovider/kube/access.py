@@ -20,9 +20,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from kubernetes_asyncio.config.config_exception import ConfigException
-from kubernetes_asyncio.config.exec_provider import ExecProvider
-from kubernetes_asyncio.config.kube_config import ConfigNode, FileOrData, KubeConfigLoader
 
 from vkprovider.kube.credentials import (
     EXEC_API_VERSIONS,
@@ -32,6 +29,7 @@ from vkprovider.kube.credentials import (
     TokenFile,
     load_cert_chain,
 )
+from vkprovider.kube.loader import ConfigException, ConfigNode, ExecProvider, FileOrData, KubeConfigLoader
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: The cluster extension an exec plugin receives as `spec.cluster.config` (provideClusterInfo).

@@ -31,10 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from kubernetes_asyncio.config.dateutil import parse_rfc3339
-from kubernetes_asyncio.config.exec_provider import ExecProvider
-
 from vkprovider import logs
+from vkprovider.kube.loader import ExecProvider, parse_rfc3339
 
 #: The ExecCredential versions client-go accepts (v1alpha1 is gone since Kubernetes 1.24).
 EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
