@@ -185,7 +185,8 @@ async def test_reclaim_by_band_whole_machines_first_with_notice_and_gangs_whole(
         await _check_reclaimed(scene, set(noticed), placed)
 
         # 4. A longer notice, then capacity restored before its deadline: withdrawn, no pod lost.
-        await scene.spec({"reclaim": {"noticeSeconds": 25}, "capacity": {"cap": {"cpu": "12"}}})
+        # 15 s: time to see the notices and restore the capacity on a busy machine (about 3 s).
+        await scene.spec({"reclaim": {"noticeSeconds": 15}, "capacity": {"cap": {"cpu": "12"}}})
         noticed = await eventually(lambda: _noticed(scene, 3), timeout=30, what="the PS job noticed")
         assert set(noticed) == {"psw-ps", "psw-min-0", "psw-min-1"}
         await scene.spec({"capacity": {"cap": None}})
