@@ -28,6 +28,7 @@ from typing import Any
 
 from vkprovider import logs, podstatus
 from vkprovider.backoff import ExponentialBackoff
+from vkprovider.deletion import delete_in_provider
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound, Unreachable
 from vkprovider.kube.relist import Relist, relist
@@ -340,21 +341,7 @@ class PodController:
         uid = pod["metadata"].get("uid")
         provided: PodStatus | None = None  # the provider's last status of this pod
         try:
-            remote = await self._provider.get_pod(namespace, name)
-            gone = remote is None or remote["metadata"].get("uid") != uid
-            if not gone:
-                assert remote is not None
-                provided = remote.get("status")
-                try:
-                    await self._provider.delete_pod(pod)
-                except ProviderNotFound:
-                    gone = True
-                else:
-                    remote = await self._provider.get_pod(namespace, name)
-                    gone = remote is None or remote["metadata"].get("uid") != uid
-                    if not gone:
-                        assert remote is not None
-                        provided = remote.get("status")
+            gone, provided = await delete_in_provider(self._provider, key, pod)
         except ProviderError as exc:
             # The provider cannot tell now; the grace period still bounds the wait.
             self._log.info("provider cannot confirm a deletion yet", pod=key, error=str(exc))
