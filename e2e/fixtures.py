@@ -4,12 +4,18 @@ Set `VKPROVIDER_LAB_STATE=DIR` to run the tests against a lab already up in DIR 
 `python -m e2e up --offline-nodes 4 --state DIR`); it is left running afterwards. Otherwise the
 fixture starts 3 members x 20 nodes and 4 native offline nodes in a temporary directory and
 stops it at the end of the session.
+
+Under pytest-xdist (`-n 2`) the workers share one lab: the first to need it starts it in the
+run's base temporary directory, the others find it there, and the controller stops it when the
+run ends. Each lab test then takes a turn (e2e.turns): tests marked `shares_lab` run beside
+each other, every other lab test runs alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +23,8 @@ import pytest
 import pytest_asyncio
 
 from e2e import lab as lab_mod
+from e2e import state as state_mod
+from e2e import turns
 from e2e.state import LabState
 from vkprovider.kube import KubeClient, load_kubeconfig
 
@@ -47,6 +55,39 @@ class Lab:
         return KubeClient(load_kubeconfig(self.kubeconfig(cluster)), user_agent="vkprovider-tests")
 
 
+#: Set in pytest-xdist's workers (gw0, gw1, ...): the lab is shared between them.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+SPEC = lab_mod.LabSpec(members=MEMBERS, nodes_per_member=NODES_PER_MEMBER, offline_nodes=OFFLINE_NODES)
+
+
+def _run_root(factory: pytest.TempPathFactory) -> Path:
+    """The run's base temporary directory, the same for the controller and every worker
+    (xdist gives each worker a directory inside it)."""
+    base = factory.getbasetemp()
+    return base.parent if WORKER else base
+
+
+async def _shared_lab(root: Path) -> LabState:
+    """The run's lab in `root/lab`, started by whichever worker asks first."""
+    state_dir = root / "lab"
+    lock = turns.exclusive(root / "lab.start.lock")
+    await asyncio.to_thread(lock.__enter__)  # in a thread: another worker may hold it through a start-up
+    try:
+        failed = root / "lab.failed"
+        if failed.exists():
+            pytest.fail(f"the shared lab failed to start in another worker: {failed.read_text()}")
+        found = state_mod.load(state_dir) if state_dir.is_dir() else None
+        if found is not None and found.ready and lab_mod.is_running(found):
+            return found
+        try:
+            return await lab_mod.up(state_dir, SPEC)
+        except BaseException as e:
+            failed.write_text(f"{type(e).__name__}: {e}")
+            raise
+    finally:
+        lock.__exit__(None, None, None)
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lab]:
     reuse = os.environ.get("VKPROVIDER_LAB_STATE")
@@ -56,11 +97,54 @@ async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lab]:
             pytest.fail(f"VKPROVIDER_LAB_STATE={reuse} names a lab that is not running")
         yield Lab(state)
         return
+    if WORKER:
+        # Stopped by the controller (pytest_sessionfinish below), once every worker is done.
+        yield Lab(await _shared_lab(_run_root(tmp_path_factory)))
+        return
     state_dir = tmp_path_factory.mktemp("lab")
-    spec = lab_mod.LabSpec(members=MEMBERS, nodes_per_member=NODES_PER_MEMBER, offline_nodes=OFFLINE_NODES)
-    state = await lab_mod.up(state_dir, spec)
+    state = await lab_mod.up(state_dir, SPEC)
     try:
         yield Lab(state)
     finally:
         # From disk: tests restart clusters through the CLI functions, which record new PIDs there.
         lab_mod.teardown(lab_mod.load_running(state.root))
+
+
+def _uses_lab(item: pytest.Item) -> bool:
+    return item.get_closest_marker("e2e") is not None or "lab" in getattr(item, "fixturenames", ())
+
+
+@pytest.fixture(autouse=True)
+def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A lab test's turn at the shared lab (e2e.turns), held from before its first fixture to
+    after its last; only where several processes share the lab."""
+    if not WORKER or not _uses_lab(request.node):
+        yield
+        return
+    reuse = os.environ.get("VKPROVIDER_LAB_STATE")
+    where = Path(reuse) if reuse else _run_root(tmp_path_factory)
+    with turns.turn(where, alone=request.node.get_closest_marker("shares_lab") is None):
+        yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the lab tests that must run alone first and the sharing ones after them, so
+    the workers spend the first part of the run taking turns and the rest side by side instead
+    of one waiting behind the other's lone test throughout. The order is the same in every
+    worker, as xdist requires."""
+    if not WORKER:
+        return
+    rank = {id(item): (0 if _uses_lab(item) and item.get_closest_marker("shares_lab") is None else 1) for item in items}
+    items.sort(key=lambda item: rank[id(item)])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the xdist controller: stop the lab the workers shared, if one was started."""
+    if WORKER or not session.config.getoption("numprocesses", default=None):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    state_dir = factory.getbasetemp() / "lab"
+    if (state_dir / state_mod.STATE_FILE).exists():
+        lab_mod.teardown(lab_mod.load_running(state_dir))

@@ -99,6 +99,7 @@ def settings_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
 MEMBER = {"name": "m1", "kubeconfig": "apiVersion: v1\nkind: Config\n"}
 
 
+@pytest.mark.shares_lab
 def test_helm_lint_is_clean(tmp_path: Path) -> None:
     values = tmp_path / "v.yaml"
     values.write_text(yaml.safe_dump({"members": [MEMBER], "routing": {"enabled": True}}))
@@ -106,6 +107,7 @@ def test_helm_lint_is_clean(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.shares_lab
 def test_leader_election_is_on_only_with_more_than_one_replica(tmp_path: Path) -> None:
     single = render()
     assert settings_of(single)["leader_election"]["enabled"] is False
@@ -116,6 +118,7 @@ def test_leader_election_is_on_only_with_more_than_one_replica(tmp_path: Path) -
     assert not [d for d in render("podDisruptionBudget.enabled=true") if d["kind"] == "PodDisruptionBudget"]
 
 
+@pytest.mark.shares_lab
 def test_the_deployment_is_hardened_and_probed() -> None:
     spec = one(render(), "Deployment")["spec"]["template"]["spec"]
     container = spec["containers"][0]
@@ -127,6 +130,7 @@ def test_the_deployment_is_hardened_and_probed() -> None:
     assert "podAntiAffinity" in spec["affinity"]
 
 
+@pytest.mark.shares_lab
 def test_members_from_values_or_an_existing_secret(tmp_path: Path) -> None:
     existing = {"name": "m2", "existingSecret": {"name": "theirs", "key": "config"}, "weight": 3}
     docs = render(values={"members": [MEMBER, existing]}, tmp=tmp_path)
@@ -137,6 +141,7 @@ def test_members_from_values_or_an_existing_secret(tmp_path: Path) -> None:
     assert m2["weight"] == 3
 
 
+@pytest.mark.shares_lab
 def test_service_monitor_on_and_off() -> None:
     assert not [d for d in render() if d["kind"] == "ServiceMonitor"]
     monitor = one(render("serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom"), "ServiceMonitor")
@@ -165,6 +170,7 @@ def exposed_metric_names() -> set[str]:
     return names
 
 
+@pytest.mark.shares_lab
 def test_alert_rules_render_and_name_only_metrics_the_provider_exposes() -> None:
     """promtool is not built here; the equivalent: every rule renders with the fields the
     Prometheus Operator needs, its expression is balanced, and every metric it names is one
@@ -193,6 +199,7 @@ def test_alert_rules_render_and_name_only_metrics_the_provider_exposes() -> None
     assert "VkproviderLendableGpuBelowWatermark" not in [r["alert"] for r in no_gpu]
 
 
+@pytest.mark.shares_lab
 def test_a_misspelt_value_fails_with_its_name() -> None:
     result = helm("template", "rel", str(CHART), "--set", "replica=3", check=False)
     assert result.returncode != 0
@@ -201,10 +208,12 @@ def test_a_misspelt_value_fails_with_its_name() -> None:
     assert result.returncode != 0 and "intervall" in result.stderr, result.stderr
 
 
+@pytest.mark.shares_lab
 def test_the_charts_crd_is_the_providers() -> None:
     assert yaml.safe_load((CHART / "crds" / "memberclusters.yaml").read_text()) == yaml.safe_load(CRD.read_text())
 
 
+@pytest.mark.shares_lab
 def test_the_drain_hook_runs_before_deletion() -> None:
     job = one(render(), "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"

@@ -181,6 +181,7 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
         await cleanup(lab, offline, ns)
 
 
+@pytest.mark.shares_lab
 async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
     lab: Lab, offline: KubeClient, provider: VkProcess
 ) -> None:
@@ -211,6 +212,7 @@ async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
         await cleanup(lab, offline, ns)
 
 
+@pytest.mark.shares_lab
 async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
@@ -262,6 +264,7 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
             proc.ensure_stopped()
 
 
+@pytest.mark.shares_lab
 @pytest.mark.parametrize("dialect", ["scheduler-plugins", "volcano"])
 async def test_other_gang_dialects_at_the_front_end(
     lab: Lab, offline: KubeClient, provider: VkProcess, dialect: str
@@ -325,6 +328,7 @@ async def test_other_gang_dialects_at_the_front_end(
         await cleanup(lab, offline, ns)
 
 
+@pytest.mark.shares_lab
 async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: KubeClient, provider: VkProcess) -> None:
     ns = await make_namespace(offline, f"del-{uuid.uuid4().hex[:6]}")
     try:
@@ -353,6 +357,7 @@ async def test_deleting_front_end_pods_deletes_member_pods(lab: Lab, offline: Ku
         await cleanup(lab, offline, ns)
 
 
+@pytest.mark.shares_lab
 async def test_config_maps_secrets_and_headless_services_follow_their_pods(
     lab: Lab, offline: KubeClient, provider: VkProcess
 ) -> None:
@@ -508,6 +513,7 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
         proc.ensure_stopped()
 
 
+@pytest.mark.shares_lab
 async def test_a_job_stays_in_its_member_across_restarts_and_scale_ups(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -62,6 +62,7 @@ def exec_argv(lab: Lab, ns: str, *args: str) -> list[str]:
     return [*kubectl(lab, "offline", ns), "exec", *args]
 
 
+@pytest.mark.shares_lab
 async def test_kubectl_exec_streams_both_ways_and_reports_the_exit_code(lab: Lab, offline: KubeClient, vk: Any) -> None:
     proc = vk()
     proc.start()
@@ -126,6 +127,7 @@ async def test_kubectl_exec_streams_both_ways_and_reports_the_exit_code(lab: Lab
         await delete_namespace(offline, ns)
 
 
+@pytest.mark.shares_lab
 async def test_kubectl_exec_runs_in_the_member_pod(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
     """A federation pod: the command runs in its member pod (the lab's KWOK runs it on this
     machine), through the member's pods/exec over a WebSocket."""

@@ -23,12 +23,14 @@ def _helm(tmp_path: Path, *args: str | Path) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.shares_lab
 def test_built_helm_reports_the_pinned_version(tmp_path: Path) -> None:
     result = _helm(tmp_path, "version", "--short")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == binaries.tool_builds()["helm"].version()
 
 
+@pytest.mark.shares_lab
 def test_built_helm_renders_a_chart(tmp_path: Path) -> None:
     chart = tmp_path / "probe"
     (chart / "templates").mkdir(parents=True)

@@ -199,6 +199,7 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
             proc.ensure_stopped()
 
 
+@pytest.mark.shares_lab
 async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_says_why(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

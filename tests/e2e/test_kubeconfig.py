@@ -186,6 +186,7 @@ async def test_an_exec_plugin_credential_keeps_working_across_expiries(
     assert client.calls["GET"] == requests  # no request was refused and sent again
 
 
+@pytest.mark.shares_lab
 async def test_a_token_the_apiserver_refuses_is_obtained_again(lab: Lab, viewer: Account, tmp_path: Path) -> None:
     path, state = _exec_kubeconfig(lab, tmp_path, viewer)
     (state / "revoked-first").touch()  # the first token is one the apiserver has never issued
@@ -196,6 +197,7 @@ async def test_a_token_the_apiserver_refuses_is_obtained_again(lab: Lab, viewer:
     assert client.calls["POST"] == 3
 
 
+@pytest.mark.shares_lab
 async def test_a_federation_member_behind_an_exec_plugin_and_one_whose_plugin_fails(
     lab: Lab, operator: Account, tmp_path: Path
 ) -> None:

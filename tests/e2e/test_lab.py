@@ -24,6 +24,7 @@ def _bound(items: list[dict[str, Any]]) -> list[str]:
     return [p["spec"]["nodeName"] for p in items if p["spec"].get("nodeName")]
 
 
+@pytest.mark.shares_lab
 async def test_apiservers_report_their_version_and_nodes_hold_leases(lab: Lab) -> None:
     for cluster in ("offline", *lab.members):
         async with lab.client(cluster) as client:
@@ -35,6 +36,7 @@ async def test_apiservers_report_their_version_and_nodes_hold_leases(lab: Lab) -
         assert lease["spec"]["renewTime"]
 
 
+@pytest.mark.shares_lab
 async def test_deployment_runs_on_simulated_nodes(lab: Lab) -> None:
     async with lab.client("member-2") as client:
         ns = await make_namespace(client, f"deploy-{uuid.uuid4().hex[:6]}")
@@ -69,6 +71,7 @@ async def test_deployment_runs_on_simulated_nodes(lab: Lab) -> None:
             await delete_namespace(client, ns)
 
 
+@pytest.mark.shares_lab
 async def test_offline_native_nodes_are_ready_and_run_plain_pods(lab: Lab) -> None:
     expected = lab.state.clusters["offline"].nodes
     if not expected:
@@ -121,6 +124,7 @@ def _gang_pod(name: str, group: str, requests: dict[str, str]) -> dict[str, Any]
     return pod(name, requests=requests, spec={"schedulingGroup": {"podGroupName": group}})
 
 
+@pytest.mark.shares_lab
 async def test_native_gang_binds_all_together(lab: Lab) -> None:
     async with lab.client("member-2") as client:
         ns = await make_namespace(client, f"gang-{uuid.uuid4().hex[:6]}")

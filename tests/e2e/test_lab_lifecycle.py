@@ -64,6 +64,7 @@ def test_up_on_a_busy_port_fails_cleanly(tmp_path: Path) -> None:
     assert lab_processes(str(tmp_path)) == []
 
 
+@pytest.mark.shares_lab
 def test_up_with_a_missing_binary_fails_cleanly(tmp_path: Path, real_binaries: dict[str, Path]) -> None:
     bin_dir = tmp_path / "bin"
     binaries.link_dir({k: v for k, v in real_binaries.items() if k != "kube-scheduler"}, bin_dir)

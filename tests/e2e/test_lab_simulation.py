@@ -20,6 +20,7 @@ from vkprovider.kube import KubeClient
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 
+@pytest.mark.shares_lab
 async def test_nodes_publish_numa_topology(lab: Lab) -> None:
     async with lab.client("member-2") as client:
         topology = await client.get("/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/member-2-node-000")
@@ -29,6 +30,7 @@ async def test_nodes_publish_numa_topology(lab: Lab) -> None:
     assert [g["capacity"] for g in gpus] == ["4", "4"]
 
 
+@pytest.mark.shares_lab
 @pytest.mark.parametrize(
     ("action", "phase", "reason", "exit_code"),
     [("fail", "Failed", None, 1), ("exit", "Succeeded", None, 0), ("evict", "Failed", "Evicted", 137)],
@@ -57,6 +59,7 @@ async def test_pods_fail_exit_or_get_evicted_on_request(
             await delete_namespace(client, ns)
 
 
+@pytest.mark.shares_lab
 async def test_graceful_deletion_takes_the_termination_time(lab: Lab) -> None:
     async with lab.client("member-1") as client:
         ns = await make_namespace(client, f"sim-del-{uuid.uuid4().hex[:6]}")
@@ -115,6 +118,7 @@ async def _gone(client: KubeClient, ns: str, name: str) -> bool:
     return not [p for p in await pods(client, ns) if p["metadata"]["name"] == name]
 
 
+@pytest.mark.shares_lab
 async def test_job_pods_complete(lab: Lab) -> None:
     async with lab.client("member-1") as client:
         ns = await make_namespace(client, f"sim-job-{uuid.uuid4().hex[:6]}")

@@ -268,6 +268,7 @@ async def test_member_outages_fail_nothing_before_pods_lost_after_and_leave_no_o
         group.create_task(lost_pods_leave_no_orphans(lab, offline, tmp_path / "lost"), name="outages/lost")
 
 
+@pytest.mark.shares_lab
 async def test_a_member_pod_whose_front_end_pod_went_while_the_provider_was_down_is_deleted_at_start_up(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -76,6 +76,7 @@ def psa_labels(level: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.shares_lab
 async def test_default_level_refuses_host_access_before_any_member_sees_it(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
@@ -135,6 +136,7 @@ async def test_default_level_refuses_host_access_before_any_member_sees_it(
         await cleanup_and_stop(lab, offline, ns, proc)
 
 
+@pytest.mark.shares_lab
 async def test_a_privileged_member_runs_them_and_relabels_its_namespace(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from vkprovider.kube.relist import Relist, relist
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 
+@pytest.mark.shares_lab
 async def test_a_relist_in_pages_takes_every_item_once_from_one_snapshot(lab: Lab) -> None:
     async with lab.client("member-1") as client:
         ns = await make_namespace(client, f"relist-{uuid.uuid4().hex[:6]}")

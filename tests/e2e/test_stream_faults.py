@@ -62,6 +62,7 @@ async def start_worker(lab: Lab, offline: KubeClient, tmp_path: Path, member: st
     return proc, ns
 
 
+@pytest.mark.shares_lab
 async def test_a_reader_that_stops_reading_does_not_grow_the_providers_memory(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
@@ -139,6 +140,7 @@ async def _everything_but_pods_exec(member: KubeClient) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.shares_lab
 async def test_a_member_credential_without_pods_exec_is_a_clear_error(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
