@@ -128,14 +128,23 @@ def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, the lab tests that must run alone first and the sharing ones after them, so
-    the workers spend the first part of the run taking turns and the rest side by side instead
-    of one waiting behind the other's lone test throughout. The order is the same in every
-    worker, as xdist requires."""
+    """Under xdist, order the run so that turns waste little: one lab test first (its worker
+    starts the lab while the other runs the tests that need no lab), then the lab tests that
+    must run alone (the workers take turns), then the sharing ones (side by side). Sorting is
+    stable and the same in every worker, as xdist requires."""
     if not WORKER:
         return
-    rank = {id(item): (0 if _uses_lab(item) and item.get_closest_marker("shares_lab") is None else 1) for item in items}
-    items.sort(key=lambda item: rank[id(item)])
+
+    def rank(item: pytest.Item) -> int:
+        if not _uses_lab(item):
+            return 1
+        return 3 if item.get_closest_marker("shares_lab") else 2
+
+    ranks = {id(item): rank(item) for item in items}
+    first = next((item for item in items if ranks[id(item)] == 2), None)
+    if first is not None:
+        ranks[id(first)] = 0
+    items.sort(key=lambda item: ranks[id(item)])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

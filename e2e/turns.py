@@ -17,18 +17,16 @@ or a developer's second pytest against a lab named by VKPROVIDER_LAB_STATE) take
 from __future__ import annotations
 
 import fcntl
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 
 @contextmanager
-def turn(directory: Path, *, alone: bool) -> Iterator[float]:
+def turn(directory: Path, *, alone: bool) -> Iterator[None]:
     """Hold a turn at the lab whose lock files are in `directory`: alone (exclusive) or shared
-    with other sharing holders; yields the seconds spent waiting for it."""
+    with other sharing holders."""
     directory.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
     with open(directory / "turnstile.lock", "a") as gate, open(directory / "turn.lock", "a") as lab:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
@@ -36,7 +34,7 @@ def turn(directory: Path, *, alone: bool) -> Iterator[float]:
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
         try:
-            yield time.monotonic() - began
+            yield
         finally:
             fcntl.flock(lab, fcntl.LOCK_UN)
 
