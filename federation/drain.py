@@ -26,7 +26,7 @@ from typing import Any
 
 from federation import forge, reflect
 from federation.config import FederationConfig
-from federation.provider import MEMBERS_PATH, access_from_secret
+from federation.memberobjects import MEMBERS_PATH, access_from_secret
 from vkprovider.kube import ApiError, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import in_cluster
 from vkprovider.settings import Settings

@@ -37,8 +37,8 @@ import yaml
 
 from federation import bands, forge, podsecurity, tenancy
 from federation.config import ReclaimConfig
+from federation.memberobjects import MEMBERS_PATH
 from federation.podsecurity import Level
-from federation.provider import MEMBERS_PATH
 from federation.tenancy import TenancyError
 from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError

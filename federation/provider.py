@@ -1,7 +1,8 @@
 """The federation provider: member clusters behind virtual nodes.
 
-It owns the set of members (from the settings and from MemberCluster objects, changeable at
-run time), one capacity source per member (direct watches, or the member's capacity agent),
+It owns the set of members (federation.members: from the settings, and from MemberCluster
+objects changed at run time through federation.memberobjects), one capacity source per member
+(direct watches, or the member's capacity agent),
 and the virtual nodes' status: capacity = allocatable = what members can lend plus what our
 pods already use there, recomputed coalesced (at most every `publish_interval`) and damped
 against noise. A member unreachable past `unreachable_grace` lends nothing and is flagged on
@@ -12,35 +13,30 @@ its MemberCluster and on the node, which stays Ready; its pods are declared lost
 from __future__ import annotations
 
 import asyncio
-import base64
-import datetime
 import importlib.resources
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import yaml
 from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, memberexec, memberforward, memberlogs, outages, podsecurity, quantities, routing
+from federation import capacity, forge, memberexec, memberforward, memberlogs, outages, quantities, routing
 from federation.agent.client import AgentSource
 from federation.capacity import Damper, MemberCapacity
-from federation.config import CapacityConfig, FederationConfig, MemberConfig, ReclaimConfig, TenancyConfig
+from federation.config import FederationConfig, MemberConfig
 from federation.dispatch import Dispatcher, Job
-from federation.inventory import Inventory
+from federation.memberobjects import MemberObjects
 from federation.memberpods import MemberPods
+from federation.members import CapacitySource, DirectSource, Member, UnusableSource
 from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
 from federation.tide import FleetMetrics, GangMetrics, MemberState, Tide, TideMetrics
-from federation.watch import MemberWatcher
 from federation.webhook import RoutingWebhook
 from vkprovider import logs
 from vkprovider.events import EventRecorder
-from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
-from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
+from vkprovider.kube import ClusterAccess, KubeClient, load_kubeconfig
+from vkprovider.kube.access import KubeconfigError
 from vkprovider.objects import Pod, PodStatus
 from vkprovider.podstore import PodStore
 from vkprovider.provider import (
@@ -54,187 +50,8 @@ from vkprovider.provider import (
 )
 from vkprovider.settings import SettingsError
 
-MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
 GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
 MEMBER_LABEL = "vkprovider.io/member"
-
-
-class CapacitySource(Protocol):
-    """Where a member's inventory comes from: direct watches or the member's agent."""
-
-    name: str
-
-    @property
-    def synced(self) -> asyncio.Event: ...
-
-    def unreachable_for(self) -> float: ...
-
-    @property
-    def last_error(self) -> str | None: ...
-
-    @property
-    def last_contact_wall(self) -> float | None: ...
-
-    @property
-    def inventory(self) -> Inventory: ...
-
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity: ...
-
-    async def run(self) -> None: ...
-
-
-class DirectSource:
-    """Capacity from watching the member's apiserver."""
-
-    def __init__(self, name: str, access: ClusterAccess, *, on_change: Callable[[], None], network_pod_label: str):
-        self.name = name
-        self.watcher = MemberWatcher(name, access, on_change=on_change, network_pod_label=network_pod_label)
-        self._summarizer = capacity.Summarizer(name)
-
-    @property
-    def synced(self) -> asyncio.Event:
-        return self.watcher.synced
-
-    @property
-    def last_error(self) -> str | None:
-        return self.watcher.last_error
-
-    @property
-    def last_contact_wall(self) -> float | None:
-        return self.watcher.last_contact_wall
-
-    def unreachable_for(self) -> float:
-        return self.watcher.unreachable_for()
-
-    @property
-    def inventory(self) -> Inventory:
-        return self.watcher.inventory
-
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
-        return self._summarizer.summarize(self.watcher.inventory, policy)
-
-    async def run(self) -> None:
-        await self.watcher.run()
-
-
-class UnusableSource:
-    """A member whose kubeconfig cannot be used (unreadable, unknown context, no such user): it
-    lends nothing, says why as its last error (and is unreachable once the grace has passed),
-    and reads the kubeconfig again now and then, handing the member over when it works."""
-
-    def __init__(
-        self,
-        config: MemberConfig,
-        error: str,
-        *,
-        load: Callable[[], ClusterAccess],
-        usable: Callable[[ClusterAccess], None],
-        retry_interval: float,
-    ) -> None:
-        self.name = config.name
-        self._error = error
-        self._load = load
-        self._usable = usable
-        self._retry_interval = retry_interval
-        self._synced = asyncio.Event()  # never set: nothing is known of the member
-        self._inventory = Inventory(network_pod_label=config.network_pod_label)
-        self._started = time.monotonic()
-
-    @property
-    def synced(self) -> asyncio.Event:
-        return self._synced
-
-    def unreachable_for(self) -> float:
-        return time.monotonic() - self._started
-
-    @property
-    def last_error(self) -> str | None:
-        return self._error
-
-    @property
-    def last_contact_wall(self) -> float | None:
-        return None
-
-    @property
-    def inventory(self) -> Inventory:
-        return self._inventory
-
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
-        return capacity.Summarizer(self.name).summarize(self._inventory, policy)
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._retry_interval)
-            try:
-                access = self._load()
-            except KubeconfigError as exc:
-                self._error = str(exc)
-                continue
-            # Not from inside this task: handing over replaces the member, and cancels us.
-            asyncio.get_running_loop().call_soon(self._usable, access)
-            return
-
-
-@dataclass
-class Member:
-    config: MemberConfig
-    source: CapacitySource
-    from_object: bool = False
-    task: asyncio.Task[None] | None = None
-    pods: MemberPods | None = None  # our pods there (None: the member only lends, no kubeconfig)
-    pods_task: asyncio.Task[None] | None = None
-    summary: MemberCapacity | None = None
-    reachable: bool = True
-    outage: outages.Outage | None = None  # unreachable past the grace: since when, lost or not
-    status_written: dict[str, Any] = field(default_factory=dict)
-    #: Disabled or removed while our pods ran there: they leave through reclaim notices first.
-    draining: bool = False
-    removed: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    def inventory(self) -> Inventory | None:
-        return self.source.inventory
-
-    def pods_index(self) -> MemberPods | None:
-        return self.pods
-
-    @property
-    def serves_pods(self) -> bool:
-        """Our pods there are followed (and their status reported): enabled, or draining."""
-        return self.pods is not None and (self.config.enabled or self.draining)
-
-
-def _condition(ctype: str, ok: bool, reason: str, message: str, now: str) -> dict[str, Any]:
-    return {
-        "type": ctype,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now,
-    }
-
-
-def member_from_object(obj: dict[str, Any]) -> MemberConfig:
-    """The member a MemberCluster object declares (its kubeconfig is read separately)."""
-    spec = obj.get("spec") or {}
-    return MemberConfig(
-        name=obj["metadata"]["name"],
-        enabled=spec.get("enabled", True),
-        weight=spec.get("weight", 1),
-        capacity=CapacityConfig.model_validate(spec.get("capacity") or {}),
-        network_pod_label=spec.get("networkPodLabel") or MemberConfig.model_fields["network_pod_label"].default,
-        source=spec.get("source", "direct"),
-        agent_address=spec.get("agentAddress"),
-        namespace_prefix=(spec.get("namespaceMapping") or {}).get("prefix", ""),
-        gang_api=spec.get("gangApi", "native"),
-        scheduler_name=spec.get("schedulerName", "default-scheduler"),
-        reclaim=ReclaimConfig.model_validate(spec.get("reclaim") or {}),
-        pod_security=spec.get("podSecurity", podsecurity.DEFAULT),
-        tenancy=TenancyConfig.model_validate(spec["tenancy"]) if spec.get("tenancy") else None,
-    )
 
 
 class FederationProvider:
@@ -259,6 +76,7 @@ class FederationProvider:
         self._published: dict[str, NodeStatus] = {}
         self._source_factory = source_factory or self._default_source
         self._client: KubeClient | None = None
+        self._objects: MemberObjects | None = None  # from run(), if MemberCluster objects are followed
         self._pod_callbacks: list[PodChanged] = []
         self.dispatcher = Dispatcher(
             instance=node_name,
@@ -531,7 +349,16 @@ class FederationProvider:
         else:
             self.add_member(member.config, pods.access, from_object=member.from_object)
 
-    def _drain(self, member: Member, config: MemberConfig, *, removed: bool) -> bool:
+    def reconfigure(self, member: Member, config: MemberConfig) -> None:
+        """New settings for a member reached the same way (capacity, weights, reclaim, pod
+        security): applied in place, watches and notices kept; member namespaces are
+        relabelled before the next pod goes there."""
+        member.config = config
+        member.draining = member.removed = False
+        self._node_set_changed()
+        self._changed()
+
+    def drain(self, member: Member, config: MemberConfig, *, removed: bool) -> bool:
         """Disable (or remove) a member whose pods must leave through notices first; False when
         none of ours runs there (it can go at once)."""
         if member.pods is None or (member.pods.synced.is_set() and not member.pods.by_origin):
@@ -554,125 +381,9 @@ class FederationProvider:
             self._dirty.clear()
             self._publish()
             await self.announcer.flush()
-            await self._write_member_statuses()
+            if self._objects is not None:
+                await self._objects.write_statuses()
             await asyncio.sleep(self.config.publish_interval)
-
-    # -- MemberCluster objects -------------------------------------------------------------------
-
-    async def _access_from_secret(self, obj: dict[str, Any]) -> ClusterAccess:
-        assert self._client is not None
-        return await access_from_secret(self._client, obj)
-
-    async def _apply_object(self, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        existing = self.members.get(name)
-        if existing is not None and not existing.from_object:
-            self._log.warning("MemberCluster ignored: a member of that name is in the settings", cluster=name)
-            return
-        try:
-            config = member_from_object(obj)
-            access = await self._access_from_secret(obj) if config.source == "direct" else None
-        except (ApiError, ProviderError, ValueError) as exc:
-            self._log.warning("MemberCluster cannot be used", cluster=name, error=str(exc))
-            await self._patch_member_status(
-                name, {"conditions": [_condition("Ready", False, "InvalidSpec", str(exc)[:500], _now())]}
-            )
-            return
-        if existing is not None and existing.config == config:
-            return
-        if existing is not None and not config.enabled and existing.config.enabled:
-            if self._drain(existing, config, removed=False):
-                return
-        elif (
-            existing is not None
-            and _same_connection(existing.config, config)
-            and config.enabled
-            and (existing.draining or existing.config.enabled)
-        ):
-            # Capacity, weights, reclaim settings, pod security: applied in place, watches and
-            # notices kept (member namespaces are relabelled before the next pod goes there).
-            existing.config = config
-            existing.draining = existing.removed = False
-            self._node_set_changed()
-            self._changed()
-            return
-        self.add_member(config, access, from_object=True)
-
-    async def _watch_member_objects(self) -> None:
-        assert self._client is not None
-        while True:
-            try:
-                selector = {"labelSelector": self.config.member_selector} if self.config.member_selector else None
-                listed = await self._client.list(MEMBERS_PATH, params=selector)
-                seen = set()
-                for obj in listed["items"]:
-                    seen.add(obj["metadata"]["name"])
-                    await self._apply_object(obj)
-                for name in [n for n, m in self.members.items() if m.from_object and n not in seen]:
-                    member = self.members[name]
-                    if not self._drain(member, member.config.model_copy(update={"enabled": False}), removed=True):
-                        self.remove_member(name)
-                self.started.set()
-                rv = listed["metadata"]["resourceVersion"]
-                while True:
-                    async for event in self._client.watch(MEMBERS_PATH, resource_version=rv, params=selector):
-                        obj = event["object"]
-                        rv = obj["metadata"].get("resourceVersion", rv)
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        if event["type"] == "DELETED":
-                            gone = self.members.get(obj["metadata"]["name"])
-                            if gone is not None and gone.from_object:
-                                disabled = gone.config.model_copy(update={"enabled": False})
-                                if not self._drain(gone, disabled, removed=True):
-                                    self.remove_member(gone.name)
-                        else:
-                            await self._apply_object(obj)
-            except NotFound:
-                self._log.warning("the MemberCluster CRD is not installed; only configured members are used")
-                self.started.set()
-                await asyncio.sleep(30)
-            except ApiError as exc:
-                self._log.warning("MemberCluster watch failed", error=str(exc))
-                # Start with the configured members rather than wait for the front end forever.
-                self.started.set()
-                await asyncio.sleep(2)
-
-    async def _patch_member_status(self, name: str, status: dict[str, Any]) -> None:
-        assert self._client is not None
-        try:
-            await self._client.patch(f"{MEMBERS_PATH}/{name}/status", {"status": status}, patch_type="merge")
-        except ApiError as exc:
-            self._log.debug("MemberCluster status not written", cluster=name, error=str(exc))
-
-    async def _write_member_statuses(self) -> None:
-        for member in list(self.members.values()):
-            if not member.from_object:
-                continue
-            source = member.source
-            reachable = member.reachable and member.config.enabled
-            reason = "Reachable" if reachable else ("Disabled" if not member.config.enabled else "Unreachable")
-            message = "member answers" if reachable else (source.last_error or "no answer from the member")
-            status: dict[str, Any] = {
-                "conditions": [
-                    _condition("Reachable", reachable, reason, message, ""),
-                    _condition("Ready", reachable and source.synced.is_set(), reason, message, ""),
-                ],
-                "capacity": member.summary.to_json() if member.summary and reachable else {},
-            }
-            comparable = json.dumps(status, sort_keys=True)
-            if (
-                member.status_written.get("json") == comparable
-                and time.monotonic() - member.status_written.get("at", 0) < 30
-            ):
-                continue
-            now = _now()
-            for cond in status["conditions"]:
-                cond["lastTransitionTime"] = now
-            if source.last_contact_wall:
-                status["lastContact"] = _rfc3339(source.last_contact_wall)
-            await self._patch_member_status(member.name, status)
-            member.status_written = {"json": comparable, "at": time.monotonic()}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -697,7 +408,8 @@ class FederationProvider:
             webhook = RoutingWebhook(self.config.routing, name=self.node_name)
             tasks.append(asyncio.create_task(webhook.run(client), name="federation/routing-webhook"))
         if self.config.member_objects:
-            tasks.append(asyncio.create_task(self._watch_member_objects(), name="federation/member-objects"))
+            self._objects = MemberObjects(self, client, selector=self.config.member_selector, node=self.node_name)
+            tasks.append(asyncio.create_task(self._objects.run(), name="federation/member-objects"))
         else:
             self.started.set()
         try:
@@ -880,37 +592,6 @@ class FederationProvider:
         return out
 
 
-async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterAccess:
-    """How to reach the member a MemberCluster object declares: the kubeconfig in the Secret it
-    names. KubeconfigError (a ValueError) names the member and says why it cannot be used."""
-    ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
-    secret = await front.get(f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}")
-    key = ref.get("key") or "kubeconfig"
-    raw = (secret.get("data") or {}).get(key)
-    who = f"member {obj['metadata']['name']}"
-    if not raw:
-        raise KubeconfigError(f"{who}: secret {ref.get('namespace')}/{ref.get('name')} has no key {key}")
-    try:
-        doc = yaml.safe_load(base64.b64decode(raw))
-    except (ValueError, yaml.YAMLError) as exc:
-        raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig: {exc}") from None
-    if not isinstance(doc, dict):
-        raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig")
-    # Files and exec commands named by a kubeconfig from a Secret are this process's.
-    return parse_kubeconfig(doc, base=Path("/"), name=who)
-
-
-def _same_connection(a: MemberConfig, b: MemberConfig) -> bool:
-    """Whether two settings of a member reach it the same way (no new watches needed)."""
-    return (a.kubeconfig, a.source, a.agent_address, a.agent_tls_ca, a.namespace_prefix) == (
-        b.kubeconfig,
-        b.source,
-        b.agent_address,
-        b.agent_tls_ca,
-        b.namespace_prefix,
-    )
-
-
 def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:
     keep = (quantities.CPU, quantities.MEMORY, quantities.GPU) if brief else capacity.TRACKED
     return {k: quantities.format_quantity(k, v) for k, v in sorted(vec.items()) if k in keep}
@@ -923,14 +604,6 @@ def _job_state(job: Job) -> str:
 
 def _meta_differs(a: NodeStatus, b: NodeStatus) -> bool:
     return a.labels != b.labels or a.annotations != b.annotations or a.conditions != b.conditions
-
-
-def _rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _now() -> str:
-    return _rfc3339(time.time())
 
 
 def from_settings(settings: Any) -> FederationProvider:

@@ -455,7 +455,8 @@ def test_static_credentials_are_unchanged(tmp_path: Path) -> None:
 
 async def test_a_configured_member_whose_kubeconfig_cannot_be_used_reports_it_and_recovers(tmp_path: Path) -> None:
     from federation.config import FederationConfig, MemberConfig
-    from federation.provider import DirectSource, FederationProvider, UnusableSource
+    from federation.members import DirectSource, UnusableSource
+    from federation.provider import FederationProvider
 
     path = tmp_path / "member-1.yaml"
     doc = _kubeconfig("http://127.0.0.1:9", {"token": "t"})
@@ -509,16 +510,16 @@ class _FrontEnd:
 )
 async def test_a_member_object_whose_kubeconfig_cannot_be_used_says_why(kubeconfig: bytes, reason: str) -> None:
     from federation.config import FederationConfig
+    from federation.memberobjects import MemberObjects
     from federation.provider import FederationProvider
 
     provider = FederationProvider(FederationConfig(), node_name="vk")
     front = _FrontEnd(kubeconfig)
-    provider._client = front  # type: ignore[assignment]
     obj = {
         "metadata": {"name": "member-1"},
         "spec": {"kubeconfigSecretRef": {"namespace": "vk", "name": "m1", "key": "kubeconfig"}},
     }
-    await provider._apply_object(obj)
+    await MemberObjects(provider, front, selector="", node="vk").apply(obj)  # type: ignore[arg-type]
     assert "member-1" not in provider.members
     [condition] = front.statuses[-1]["conditions"]
     assert (condition["type"], condition["status"], condition["reason"]) == ("Ready", "False", "InvalidSpec")

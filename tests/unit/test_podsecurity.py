@@ -10,8 +10,8 @@ import pytest
 
 from federation import podsecurity
 from federation.config import MemberConfig
+from federation.memberobjects import member_from_object
 from federation.podsecurity import Level
-from federation.provider import member_from_object
 
 
 def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
