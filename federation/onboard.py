@@ -336,8 +336,13 @@ async def plan(
 async def _write(client: KubeClient, step: Step) -> None:
     obj = step.obj
     if step.action == "create":
-        with contextlib.suppress(AlreadyExists):
+        try:
             await client.create(collection(step.kind, obj["metadata"].get("namespace")), obj)
+        except AlreadyExists:
+            # Made since the plan read it: by a concurrent onboard of this tenant (the same
+            # object), or, for a shared PriorityClass, of another tenant, whose mark it carries.
+            if step.kind == "PriorityClass":
+                await _mark_made_meanwhile(client, obj)
     elif step.action == "update" and step.kind == "PriorityClass":
         await client.patch(path_of(obj), {"metadata": {"labels": obj["metadata"]["labels"]}})
     elif step.action in ("update", "rotate"):
@@ -345,6 +350,20 @@ async def _write(client: KubeClient, step: Step) -> None:
         body = json.loads(json.dumps(obj))
         body["metadata"]["resourceVersion"] = step.current["metadata"]["resourceVersion"]
         await client.replace(path_of(obj), body)
+
+
+async def _mark_made_meanwhile(client: KubeClient, obj: dict[str, Any]) -> None:
+    """Our mark on a PriorityClass another tenant's onboarding made between our plan and our
+    write, as the plan does when it finds one (without it, that tenant's offboarding would take
+    the class from under ours)."""
+    current = await client.get(path_of(obj))
+    for key in ("value", "preemptionPolicy"):
+        if current.get(key) != obj.get(key):
+            raise OnboardError(
+                f"PriorityClass {obj['metadata']['name']} was made meanwhile with {key} {current.get(key)},"
+                f" {obj.get(key)} needed"
+            )
+    await client.patch(path_of(obj), {"metadata": {"labels": obj["metadata"]["labels"]}})
 
 
 async def _token(clusters: Clusters, tenant: str, ttl: float) -> tuple[str, str]:

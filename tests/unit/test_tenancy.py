@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
 from federation import tenancy
-from federation.onboard import Step, contains, table, token_is_current
+from federation.onboard import OnboardError, Step, _write, contains, table, token_is_current
 from federation.tenancy import TenancyError
+from vkprovider.kube import AlreadyExists
 
 
 def test_tenant_names_cannot_be_prefixes_of_each_other() -> None:
@@ -89,3 +91,40 @@ def test_the_table_has_one_row_per_object() -> None:
     assert lines[0].split() == ["CLUSTER", "KIND", "NAMESPACE", "NAME", "ACTION"]
     assert lines[1].split() == ["member", "Namespace", "-", "vkprovider-tenant-t1", "create"]
     assert lines[2].endswith("rotate (x)")
+
+
+class _RacedMember:
+    """A member where another tenant's onboarding made the PriorityClass between our plan and
+    our write (a window of milliseconds: tests/e2e/test_onboard.py onboards two tenants at
+    once and met it once, on a dev lab, as a second onboard that still had a mark to add)."""
+
+    def __init__(self, value: int) -> None:
+        self.existing = {"metadata": {"name": "pc", "labels": {"vkprovider.io/uses-b": "true"}}, "value": value}
+        self.patches: list[dict[str, Any]] = []
+
+    async def create(self, path: str, body: dict[str, Any]) -> None:
+        raise AlreadyExists(409, "AlreadyExists", "exists")
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return self.existing
+
+    async def patch(self, path: str, body: dict[str, Any]) -> None:
+        self.patches.append(body)
+
+
+def _class_step() -> Step:
+    labels = {"vkprovider.io/uses-a": "true"}
+    return Step("member", {"kind": "PriorityClass", "metadata": {"name": "pc", "labels": labels}, "value": -10})
+
+
+async def test_a_priority_class_made_meanwhile_by_another_tenant_gets_our_mark() -> None:
+    member = _RacedMember(value=-10)
+    await _write(member, _class_step())  # type: ignore[arg-type]
+    assert member.patches == [{"metadata": {"labels": {"vkprovider.io/uses-a": "true"}}}]
+
+
+async def test_a_priority_class_made_meanwhile_with_another_value_is_refused() -> None:
+    member = _RacedMember(value=5)
+    with pytest.raises(OnboardError, match="made meanwhile with value 5, -10 needed"):
+        await _write(member, _class_step())  # type: ignore[arg-type]
+    assert member.patches == []
