@@ -127,7 +127,8 @@ async def test_kubectl_exec_streams_both_ways_and_reports_the_exit_code(lab: Lab
         await delete_namespace(offline, ns)
 
 
-@pytest.mark.shares_lab
+# Runs alone: its terminal step races KWOK's first resize (below), and beside another test it
+# once saw the terminal print nothing at all (cause not found; 3 of 4 sharing runs passed).
 async def test_kubectl_exec_runs_in_the_member_pod(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
     """A federation pod: the command runs in its member pod (the lab's KWOK runs it on this
     machine), through the member's pods/exec over a WebSocket."""
