@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -372,21 +373,19 @@ async def _end_to_end(state: Path, workdir: Path, args: argparse.Namespace) -> d
     (only the API work), in alternating order so that a lab slowing down over the run weighs on
     both alike. One round's CPU varies by a third on this machine (the lab's background work),
     so the ratio the target is read against is the median of the rounds'."""
-    rounds, first = [], None
+    rounds, providers = [], []
     for i in range(args.repeats):
         (workdir / f"e2e-{i}").mkdir()
-
-        async def ours(i: int = i) -> dict[str, Any]:
-            profile = args.profile_e2e if i == 0 else None
-            return await endtoend.dispatched(state, workdir / f"e2e-{i}", args.pods, profile=profile)
-
+        ours = functools.partial(
+            endtoend.dispatched, state, workdir / f"e2e-{i}", args.pods, profile=args.profile_e2e if i == 0 else None
+        )
         if i % 2 == 0:
             provider = await ours()
             floor = await cpufloor.floor_cpu(state, args.pods)
         else:
             floor = await cpufloor.floor_cpu(state, args.pods)
             provider = await ours()
-        first = first or provider
+        providers.append(provider)
         rounds.append(
             {
                 "provider_cpu_ms_per_pod": provider["provider_cpu_ms_per_pod"],
@@ -395,9 +394,8 @@ async def _end_to_end(state: Path, workdir: Path, args: argparse.Namespace) -> d
                 "provider_to_cpu_floor": round(provider["provider_cpu_ms_per_pod"] / floor["cpu_ms_per_pod"], 2),
             }
         )
-    assert first is not None
     medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    return {"end_to_end": first, "end_to_end_rounds": rounds, "end_to_end_median": medians}
+    return {"end_to_end": providers[0], "end_to_end_rounds": rounds, "end_to_end_median": medians}
 
 
 def _lab_ms_per_pod(run: dict[str, Any]) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
 import json
 import time
 from pathlib import Path
@@ -19,12 +18,13 @@ from typing import Any, Literal, Protocol
 
 import yaml
 
-from federation import podsecurity
+from federation import outages, podsecurity
 from federation.config import CapacityConfig, MemberConfig, ReclaimConfig, TenancyConfig
 from federation.members import Member
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
+from vkprovider.podstatus import now_rfc3339
 from vkprovider.provider import ProviderError
 
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
@@ -87,7 +87,7 @@ class MemberObjects:
         except (ApiError, ProviderError, ValueError) as exc:
             self._log.warning("MemberCluster cannot be used", cluster=name, error=str(exc))
             await self._patch_status(
-                name, {"conditions": [_condition("Ready", False, "InvalidSpec", str(exc)[:500], _now())]}
+                name, {"conditions": [_condition("Ready", False, "InvalidSpec", str(exc)[:500], now_rfc3339())]}
             )
             return
         what = change(existing, config)
@@ -166,11 +166,11 @@ class MemberObjects:
                 and time.monotonic() - member.status_written.get("at", 0) < 30
             ):
                 continue
-            now = _now()
+            now = now_rfc3339()
             for cond in status["conditions"]:
                 cond["lastTransitionTime"] = now
             if source.last_contact_wall:
-                status["lastContact"] = _rfc3339(source.last_contact_wall)
+                status["lastContact"] = outages.rfc3339(source.last_contact_wall)
             await self._patch_status(member.name, status)
             member.status_written = {"json": comparable, "at": time.monotonic()}
 
@@ -234,11 +234,3 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, now: str) -> dic
         "message": message,
         "lastTransitionTime": now,
     }
-
-
-def _rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _now() -> str:
-    return _rfc3339(time.time())

@@ -254,17 +254,24 @@ async def _current(client: KubeClient, obj: dict[str, Any]) -> dict[str, Any] | 
         return None
 
 
+def _class_conflict(current: dict[str, Any], desired: dict[str, Any]) -> str | None:
+    """Why an existing PriorityClass cannot be shared as the one desired, if it cannot."""
+    for key in ("value", "preemptionPolicy"):
+        if current.get(key) != desired.get(key):
+            return f"with {key} {current.get(key)}, {desired.get(key)} needed"
+    return None
+
+
 def _priority_class_step(desired: dict[str, Any], current: dict[str, Any] | None, tenant: str) -> Step:
     mark = tenancy.uses_label(tenant)
     if current is None:
         desired["metadata"]["labels"] = {forge.MANAGED: "true", tenancy.MANAGED_BY: tenancy.ONBOARD, mark: "true"}
         return Step(MEMBER, desired)
     step = Step(MEMBER, desired, current=current)
-    for key in ("value", "preemptionPolicy"):
-        if current.get(key) != desired.get(key):
-            step.action = "conflict"
-            step.why = f"exists with {key} {current.get(key)}, {desired.get(key)} needed"
-            return step
+    conflict = _class_conflict(current, desired)
+    if conflict:
+        step.action, step.why = "conflict", f"exists {conflict}"
+        return step
     if (current["metadata"].get("labels") or {}).get(mark) == "true":
         step.action = "unchanged"
     else:
@@ -354,15 +361,10 @@ async def _write(client: KubeClient, step: Step) -> None:
 
 async def _mark_made_meanwhile(client: KubeClient, obj: dict[str, Any]) -> None:
     """Our mark on a PriorityClass another tenant's onboarding made between our plan and our
-    write, as the plan does when it finds one (without it, that tenant's offboarding would take
-    the class from under ours)."""
-    current = await client.get(path_of(obj))
-    for key in ("value", "preemptionPolicy"):
-        if current.get(key) != obj.get(key):
-            raise OnboardError(
-                f"PriorityClass {obj['metadata']['name']} was made meanwhile with {key} {current.get(key)},"
-                f" {obj.get(key)} needed"
-            )
+    write, as the plan does when it finds one (the mark records the tenant as a user)."""
+    conflict = _class_conflict(await client.get(path_of(obj)), obj)
+    if conflict:
+        raise OnboardError(f"PriorityClass {obj['metadata']['name']} was made meanwhile {conflict}")
     await client.patch(path_of(obj), {"metadata": {"labels": obj["metadata"]["labels"]}})
 
 

@@ -32,13 +32,6 @@ WBITS = -15  # raw deflate, 32 KB window: the whole dictionary is in reach
 MEM_LEVEL = 8
 
 
-def deflate_blocks() -> list[int]:
-    """Bytes of the blocks zlib's deflateInit2 allocates for one pack (deflate.c: window, prev,
-    head, pending buffer)."""
-    window = 1 << abs(WBITS)
-    return [2 * window, 2 * window, 2 << (MEM_LEVEL + 7), 5 << (MEM_LEVEL + 6)]
-
-
 def pack(obj: Any) -> bytes:
     compressor = zlib.compressobj(LEVEL, zlib.DEFLATED, WBITS, MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, DICTIONARY)
     return compressor.compress(orjson.dumps(obj)) + compressor.flush()
