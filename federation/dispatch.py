@@ -40,15 +40,13 @@ from federation.jobs import (
     job_of,
     role_of,
 )
-from federation.membernamespaces import MemberNamespaces
 from federation.memberpods import MemberPods, Tombstones, new_tombstones
+from federation.memberwrites import MemberWriter
 from federation.nativepods import NativePods
-from federation.reflector import Reflector
 from federation.tide import GangMetrics
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import (
-    AlreadyExists,
     ApiError,
     Conflict,
     KubeClient,
@@ -134,10 +132,9 @@ class Dispatcher:
         self.job_of_pod: dict[str, str] = {}  # ns/name -> job key
         self.front: KubeClient | None = None
         self.events: EventRecorder | None = None
-        #: Copies of what member pods refer to, and their garbage collection.
-        self.reflector = Reflector(instance=instance, members=members, front=lambda: self.front)
-        self._needs = podsecurity.NeededLevels()
-        self.member_namespaces = MemberNamespaces()
+        self.writer = MemberWriter(
+            instance=instance, members=members, front=lambda: self.front, events=lambda: self.events, notify=notify
+        )
         self._log = logs.get("dispatch", instance=instance)
 
     # -- lookups ---------------------------------------------------------------------------------
@@ -177,101 +174,10 @@ class Dispatcher:
 
     # -- member-side writes ----------------------------------------------------------------------
 
-    async def _ensure_member_basics(self, member: str, client: KubeClient, namespace: str) -> None:
-        pods = self.pods_in(member)
-        known = pods.namespaces if pods is not None else None
-        await self.member_namespaces.ensure(member, self._members()[member].config, client, namespace, known)
-
     async def _create_member_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool = True) -> None:
-        entry = self._members()[member]
-        pods: MemberPods = entry.pods
-        if pods.client is None:
-            raise ProviderError(f"member {member} is not connected")
-        config = entry.config
-        if not podsecurity.admits(config.pod_security, self._needs(pod)):
-            refused = podsecurity.check(pod, config.pod_security)
-            # `create` checked the pod against this member, and placement skips members that
-            # refuse a job's pods: only a level changed since gets here. Its own sync fails it.
-            self._notify(pod_key(pod))
-            raise ProviderError(
-                f"pod security of member {member} ({config.pod_security}) now forbids {pod_key(pod)}: "
-                f"{podsecurity.describe(refused)}"
-            )
-        body = forge.to_member(
-            pod,
-            job=job.ref,
-            gang=job.member_gang,
-            role=role_of(pod),  # type: ignore[arg-type]
-            member=member,
-            instance=self.instance,
-            namespace_prefix=config.namespace_prefix,
-            gang_api=config.gang_api,
-            scheduler_name=config.scheduler_name,
-            service_account=config.service_account,
-            colocation=config.capacity.model == "colocation",
-            placement=job.place,
-            network_pod_label=config.network_pod_label,
-            in_gang=in_gang,
-            gang_role=job.role,
+        await self.writer.create_pod(
+            pod, member, job=job.ref, gang=job.member_gang, place=job.place, role=job.role, in_gang=in_gang
         )
-        namespace = body["metadata"]["namespace"]
-        await self._ensure_member_basics(member, pods.client, namespace)
-        await self.reflector.copy_for(pods.client, body, front_namespace=pod["metadata"].get("namespace", ""))
-        if self.events is not None and (pod["spec"].get("serviceAccountName") or "default") != config.service_account:
-            await self.events.emit(
-                pod,
-                reason="ServiceAccountNotCarried",
-                message=f"runs in member {member} as its service account {config.service_account!r}; "
-                "front-end service-account tokens are not carried",
-            )
-        key = pod_key(pod)
-        pods.reservations.hold(key, pod_requests(pod["spec"]))
-        try:
-            created = await pods.client.create(f"/api/v1/namespaces/{namespace}/pods", body)
-        except AlreadyExists:
-            pods.reservations.release(key)
-            return  # created before a restart: the watch reports it
-        except BaseException:
-            pods.reservations.release(key)
-            raise
-        pods.created(created)
-
-    async def _create_gang_object(self, job: Job, member: str) -> None:
-        entry = self._members()[member]
-        config = entry.config
-        client: KubeClient = entry.pods.client
-        namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
-        await self._ensure_member_basics(member, client, namespace)
-        body = forge.gang_object(
-            job.ref,
-            job.member_gang,
-            namespace=namespace,
-            gang_api=config.gang_api,
-            placement=job.place,
-            network_pod_label=config.network_pod_label,
-            instance=self.instance,
-            role=job.role,
-        )
-        api_version, plural = forge.GANG_PATHS[config.gang_api]
-        with contextlib.suppress(AlreadyExists):
-            await client.create(f"/apis/{api_version}/namespaces/{namespace}/{plural}", body)
-
-    async def _delete_member_gang(self, job: Job, member: str) -> None:
-        entry = self._members().get(member)
-        if entry is None or entry.pods.client is None:
-            return
-        client: KubeClient = entry.pods.client
-        config = entry.config
-        namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
-        selector = {"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job.ref)},{forge.INSTANCE}={self.instance}"}
-        label = forge.job_hash(job.ref)
-        for key in entry.pods.keys_of(label):
-            entry.pods.expect_deletion(entry.pods.by_origin.uid(key) or "")
-        with contextlib.suppress(NotFound):
-            await client.delete(f"/api/v1/namespaces/{namespace}/pods", params={**selector, "gracePeriodSeconds": 0})
-        api_version, plural = forge.GANG_PATHS[config.gang_api]
-        with contextlib.suppress(NotFound):
-            await client.delete(f"/apis/{api_version}/namespaces/{namespace}/{plural}/{forge.gang_name(job.ref)}")
 
     async def _record(self, job: Job, member: str | None) -> None:
         """Record (None: clear) the job's member durably before any of it reaches the member.
@@ -383,7 +289,7 @@ class Dispatcher:
                 job.core = set(job.pods) if job.member_gang.is_gang else set()
                 job.role = forge.gang_role([role_of(p) for p in job.pods.values()])  # type: ignore[arg-type]
                 if job.member_gang.is_gang:
-                    await self._create_gang_object(job, pinned)
+                    await self.writer.create_gang(job.ref, job.member_gang, pinned, place=job.place, role=job.role)
                 for other in list(job.pods.values()):
                     await self._create_member_pod(job, other, pinned, in_gang=bool(job.core))
                 job.dispatched_at = time.monotonic()
@@ -397,35 +303,22 @@ class Dispatcher:
                 job.ready_at = time.monotonic()
             await self._dispatch(job)
 
+    def _levels(self, names: list[str]) -> dict[str, podsecurity.Level]:
+        members = self._members()
+        return {n: members[n].config.pod_security for n in names if n in members}
+
     def _refusal(self, pod: Pod, pinned: str | None) -> str | None:
         """Why the pod may go nowhere (its job's member, else any member not being drained)
         by pod security; None when some member's level admits it."""
-        members = self._members()
-        names = [pinned] if pinned else sorted(n for n in members if not self._draining(n))
-        levels = {n: members[n].config.pod_security for n in names if n in members}
-        if not levels:
-            return None
-        needs = self._needs(pod)
-        if any(podsecurity.admits(level, needs) for level in levels.values()):
-            return None
-        if pinned:
-            found = podsecurity.describe(podsecurity.check(pod, levels[pinned]))
-            return f"pod security of member {pinned} ({levels[pinned]}), where its job runs, forbids {found}"
-        parts = []
-        for level in podsecurity.LEVELS:
-            at = [n for n, lv in levels.items() if lv == level]
-            if at:
-                verb = "forbids" if len(at) == 1 else "forbid"
-                parts.append(f"{', '.join(at)} ({level}) {verb} {podsecurity.describe(podsecurity.check(pod, level))}")
-        return f"no member's pod security admits the pod: {'; '.join(parts)}"
+        names = [pinned] if pinned else sorted(n for n in self._members() if not self._draining(n))
+        return podsecurity.refusal(pod, self._levels(names), self.writer.needs(pod), pinned=pinned)
 
     def _refusing(self, job: Job) -> set[str]:
         """Members whose pod-security level refuses some pod of the job (placement skips them)."""
-        levels = {n: m.config.pod_security for n, m in self._members().items()}
+        levels = self._levels(list(self._members()))
         if all(level == "privileged" for level in levels.values()):
             return set()
-        needs = {self._needs(p) for p in job.pods.values()}
-        return {n for n, level in levels.items() if not all(podsecurity.admits(level, x) for x in needs)}
+        return podsecurity.refusing(levels, {self.writer.needs(p) for p in job.pods.values()})
 
     def _forget_pod(self, job: Job, key: str) -> None:
         """A pod that will not be dispatched: out of its job, and the job gone if it was its last."""
@@ -520,7 +413,7 @@ class Dispatcher:
         )
         await self._record(job, choice.member)
         if job.member_gang.is_gang:
-            await self._create_gang_object(job, choice.member)
+            await self.writer.create_gang(job.ref, job.member_gang, choice.member, place=choice, role=job.role)
         limit = asyncio.Semaphore(64)
 
         async def one(key: str) -> None:
@@ -593,7 +486,7 @@ class Dispatcher:
             member = job.member
             if member is not None:
                 self._log.warning("gang not bound in time; rolling back", job=job.ref.key, member=member)
-                await self._delete_member_gang(job, member)
+                await self.writer.delete_gang(job.ref, member)
                 job.excluded.add(member)
                 job.member, job.place, job.dispatched_at = None, None, None
                 await self._record(job, None)

@@ -285,3 +285,25 @@ def describe(violations: list[Violation], *, limit: int = 4) -> str:
     shown = ", ".join(str(v) for v in violations[:limit])
     more = len(violations) - limit
     return f"{shown} and {more} more" if more > 0 else shown
+
+
+def refusal(pod: Mapping[str, object], levels: Mapping[str, Level], needs: Level, *, pinned: str | None) -> str | None:
+    """Why the pod may go to none of `levels` (member -> level; just its job's member when
+    `pinned`), for its Failed message; None when some member's level admits it."""
+    if not levels or any(admits(level, needs) for level in levels.values()):
+        return None
+    if pinned:
+        found = describe(check(pod, levels[pinned]))
+        return f"pod security of member {pinned} ({levels[pinned]}), where its job runs, forbids {found}"
+    parts = []
+    for level in LEVELS:
+        at = [n for n, lv in levels.items() if lv == level]
+        if at:
+            verb = "forbids" if len(at) == 1 else "forbid"
+            parts.append(f"{', '.join(at)} ({level}) {verb} {describe(check(pod, level))}")
+    return f"no member's pod security admits the pod: {'; '.join(parts)}"
+
+
+def refusing(levels: Mapping[str, Level], needs: set[Level]) -> set[str]:
+    """The members whose level refuses some of the pods that need `needs` (placement skips them)."""
+    return {n for n, level in levels.items() if not all(admits(level, x) for x in needs)}

@@ -400,7 +400,7 @@ class FederationProvider:
             self.add_configured_member(member)
         tasks = [
             asyncio.create_task(self._publish_loop(), name="federation/publish"),
-            asyncio.create_task(self.dispatcher.reflector.run(), name="federation/reflected-gc"),
+            asyncio.create_task(self.dispatcher.writer.reflector.run(), name="federation/reflected-gc"),
             asyncio.create_task(self.reclaimer.run(), name="federation/reclaim"),
             asyncio.create_task(self.orphans.run(), name="federation/orphans"),
         ]
