@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from vkprovider import heap, podzip
 
@@ -43,5 +44,8 @@ def test_packing_under_the_fixed_threshold_takes_no_fresh_pages() -> None:
         "    podzip.unpack(podzip.pack(POD))\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    root = Path(__file__).resolve().parents[2]  # the probe imports this module, wherever pytest runs
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60, cwd=root
+    )
     assert int(out.stdout) < 200, f"{out.stdout.strip()} page faults in 2,000 packs"
