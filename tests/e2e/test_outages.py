@@ -318,7 +318,10 @@ async def test_a_front_end_outage_loses_no_status_change(lab: Lab, tmp_path: Pat
     # Not member-3: after the earlier tests' outages its controllers can take half a minute to
     # create a new namespace's service account.
     user = f"vk-front-{uuid.uuid4().hex[:6]}"
-    proc = federation_vk(lab, tmp_path, ["member-1", "member-2"], audited_as=user)
+    # 200 new pods are a burst, whose first (Pending) writes wait up to the burst settle: shorter
+    # here than the pods' 20 s start, so the start alone is left for after the stop.
+    settle = {"pods.status_settle_burst": 5.0}
+    proc = federation_vk(lab, tmp_path, ["member-1", "member-2"], audited_as=user, **settle)
     await start_provider(proc, 2)
     async with lab.client("offline") as offline:
         ns = await make_namespace(offline, f"front-{uuid.uuid4().hex[:6]}")
