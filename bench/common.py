@@ -104,7 +104,8 @@ class Provider:
             self.proc.wait(30)
 
     async def counters(self) -> dict[str, float]:
-        """Front-end API calls by verb (`api:<VERB>`) and pod status writes (`status_writes`)."""
+        """Front-end API calls by verb (`api:<VERB>`), pod status writes (`status_writes`) and pod
+        syncs of any result (`syncs`)."""
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"http://127.0.0.1:{self.health_port}/metrics") as resp,
@@ -116,6 +117,8 @@ class Provider:
                 out["api:" + line.split('verb="')[1].split('"')[0]] = float(line.split()[-1])
             elif line.startswith("vkprovider_pod_status_writes_total "):
                 out["status_writes"] = float(line.split()[-1])
+            elif line.startswith("vkprovider_pod_sync_seconds_count"):  # every result
+                out["syncs"] = out.get("syncs", 0.0) + float(line.split()[-1])
         return out
 
 
