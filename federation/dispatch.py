@@ -179,6 +179,9 @@ class Dispatcher:
             pod, member, job=job.ref, gang=job.member_gang, place=job.place, role=job.role, in_gang=in_gang
         )
 
+    async def _create_gang_object(self, job: Job, member: str) -> None:
+        await self.writer.create_gang(job.ref, job.member_gang, member, place=job.place, role=job.role)
+
     async def _record(self, job: Job, member: str | None) -> None:
         """Record (None: clear) the job's member durably before any of it reaches the member.
 
@@ -289,7 +292,7 @@ class Dispatcher:
                 job.core = set(job.pods) if job.member_gang.is_gang else set()
                 job.role = forge.gang_role([role_of(p) for p in job.pods.values()])  # type: ignore[arg-type]
                 if job.member_gang.is_gang:
-                    await self.writer.create_gang(job.ref, job.member_gang, pinned, place=job.place, role=job.role)
+                    await self._create_gang_object(job, pinned)
                 for other in list(job.pods.values()):
                     await self._create_member_pod(job, other, pinned, in_gang=bool(job.core))
                 job.dispatched_at = time.monotonic()
@@ -413,7 +416,7 @@ class Dispatcher:
         )
         await self._record(job, choice.member)
         if job.member_gang.is_gang:
-            await self.writer.create_gang(job.ref, job.member_gang, choice.member, place=choice, role=job.role)
+            await self._create_gang_object(job, choice.member)
         limit = asyncio.Semaphore(64)
 
         async def one(key: str) -> None:

@@ -47,9 +47,10 @@ class MemberWriter:
         self.needs = podsecurity.NeededLevels()
 
     async def _ensure_namespace(self, member: str, client: KubeClient, namespace: str) -> None:
-        pods: MemberPods | None = getattr(self._members().get(member), "pods", None)
+        entry = self._members()[member]
+        pods: MemberPods | None = getattr(entry, "pods", None)
         known = pods.namespaces if pods is not None else None
-        await self.namespaces.ensure(member, self._members()[member].config, client, namespace, known)
+        await self.namespaces.ensure(member, entry.config, client, namespace, known)
 
     async def create_pod(
         self,
