@@ -48,7 +48,7 @@ class MemberPods:
         access: ClusterAccess,
         *,
         instance: str,
-        on_change: Callable[[str], None],
+        on_change: Callable[[str, bool], None],
         fence: WriteFence | None = None,
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
         tombstones: Tombstones | None = None,
@@ -167,9 +167,10 @@ class MemberPods:
         elif key not in self.reservations:
             self.reservations.hold(key, pod_requests(pod.get("spec") or {}))
         self.record(pod)
-        if (pod.get("status") or {}).get("phase") == "Failed":
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Failed":
             self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
-        self._on_change(self.origin(pod))
+        self._on_change(key, phase == "Pending" and not pod["metadata"].get("deletionTimestamp"))
 
     def _drop(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
@@ -182,7 +183,7 @@ class MemberPods:
             self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
-        self._on_change(key)
+        self._on_change(key, False)
 
     def ours(self, pod: dict[str, Any]) -> bool:
         """A member pod this instance made (what the label selector of our own watch picks)."""

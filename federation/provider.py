@@ -497,9 +497,13 @@ class FederationProvider:
 
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 
-    def _pod_changed(self, key: str) -> None:
+    def _pod_changed(self, key: str, pending: bool = False) -> None:
+        """Tell the runtime; `pending`: the member pod is Pending and not being deleted, so the
+        front-end pod is Pending too (the runtime may let its settle timer look)."""
         namespace, _, name = key.partition("/")
         pod: Pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {}}
+        if pending:
+            pod["status"] = {"phase": "Pending"}
         for callback in self._pod_callbacks:
             callback(pod)
 

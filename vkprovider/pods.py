@@ -208,8 +208,15 @@ class PodController:
     # -- the provider side -----------------------------------------------------------------------
 
     def _on_provider_change(self, pod: Pod) -> None:
-        if self.queue is not None:
-            self.queue.add(pod_key(pod))
+        if self.queue is None:
+            return
+        key = pod_key(pod)
+        if pod.get("status", {}).get("phase") == "Pending" and self._settling.settling(key) and self.queue.due(key):
+            # Still Pending before its first write: nothing is written before the settle timer
+            # already set runs, and that run sees this change. In a burst, each member change
+            # of a new pod (our create's echo, the member scheduler's bind) would be a sync.
+            return
+        self.queue.add(key)
 
     async def _poll_statuses(self) -> None:
         """For providers without push: look at every live pod now and then."""

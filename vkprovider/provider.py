@@ -70,7 +70,9 @@ class PodNotifier(Protocol):
     """Optional: push status changes instead of being polled."""
 
     def notify_pods(self, callback: PodChanged) -> None:
-        """Register `callback`, called (never blocking) with the pod whenever its status changes."""
+        """Register `callback`, called (never blocking) with the pod whenever its status changes.
+        The pod may be a skeleton (metadata only); a status phase in it must be the pod's
+        phase now: a change that leaves a new pod Pending may then wait for its settle timer."""
 
 
 @runtime_checkable

@@ -4,7 +4,8 @@ A pod that starts quickly is reported once, as Running, not Pending then Running
 write waits while it is Pending, `status_settle` seconds, and in a burst (more new pods waiting
 for their first write than there are workers) up to `status_settle_burst`, where each Pending
 write would take the API's time from the creates behind it and most pods run before it is due.
-Running or a failure is written at once: the controller asks again on every provider change.
+Running or a failure is written at once: the controller asks again on every provider change,
+but for one that says the pod is still Pending while a run is already due.
 Pure bookkeeping on loop times; the controller owns the queue and the writes.
 """
 
@@ -22,6 +23,10 @@ class Settling:
     def created(self, key: str, now: float) -> None:
         if self._settings.status_settle > 0:  # 0: every first write at once
             self._created[key] = now
+
+    def settling(self, key: str) -> bool:
+        """The pod's first write has not been made yet."""
+        return key in self._created
 
     def forget(self, key: str) -> None:
         self._created.pop(key, None)

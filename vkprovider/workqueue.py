@@ -41,6 +41,11 @@ class WorkQueue:
     def delayed(self) -> int:
         return len(self._deadlines)
 
+    def due(self, key: str) -> bool:
+        """A run of `key` is already ahead that will see the present: queued, or delayed and
+        not being processed now (a run under way may have read the state before a change)."""
+        return key not in self._processing and (key in self._dirty or key in self._deadlines)
+
     def _wake(self) -> None:
         self._wakeup.set()
 

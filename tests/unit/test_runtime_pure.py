@@ -151,6 +151,24 @@ async def test_queue_delayed_adds_keep_the_earliest_deadline() -> None:
     queue.done("k")
 
 
+async def test_queue_says_whether_a_run_that_sees_the_present_is_ahead() -> None:
+    now = [100.0]
+    queue = WorkQueue(clock=lambda: now[0])
+    assert not queue.due("k")
+    queue.add_after("k", 5)
+    assert queue.due("k")  # delayed: its run comes
+    now[0] = 106.0
+    assert await asyncio.wait_for(queue.get(), 1) == "k"
+    assert not queue.due("k")  # under way: it may have read the state before a change
+    queue.add("k")
+    assert not queue.due("k")
+    queue.done("k")
+    assert queue.due("k")  # queued again
+    assert await asyncio.wait_for(queue.get(), 1) == "k"
+    queue.done("k")
+    assert not queue.due("k")
+
+
 async def test_queue_shutdown_stops_workers() -> None:
     queue = WorkQueue()
     waiter = asyncio.create_task(queue.get(), name="test-waiter")

@@ -29,3 +29,14 @@ def test_no_settle_writes_every_first_status_at_once() -> None:
     settling = Settling(PodSettings(status_settle=0.0))
     settling.created("ns/a", 100.0)
     assert settling.wait("ns/a", {"phase": "Pending"}, 100.0) == 0.0
+
+
+def test_a_pod_is_settling_until_its_first_write() -> None:
+    settling = Settling(PodSettings(status_settle=1.0))
+    assert not settling.settling("ns/a")
+    settling.created("ns/a", 100.0)
+    assert settling.settling("ns/a")
+    assert settling.wait("ns/a", {"phase": "Pending"}, 100.5) > 0
+    assert settling.settling("ns/a")
+    assert settling.wait("ns/a", {"phase": "Running"}, 100.6) == 0.0
+    assert not settling.settling("ns/a")
