@@ -169,6 +169,39 @@ async def test_queue_says_whether_a_run_that_sees_the_present_is_ahead() -> None
     assert not queue.due("k")
 
 
+async def test_queue_wakes_one_idle_worker_per_key() -> None:
+    queue = WorkQueue()
+    workers = [asyncio.create_task(queue.get(), name=f"test-worker/{i}") for i in range(8)]
+    await asyncio.sleep(0)
+    queue.add("k")
+    await asyncio.sleep(0.01)
+    assert [w.result() for w in workers if w.done()] == ["k"]
+    queue.shut_down()
+    rest = await asyncio.gather(*(w for w in workers if not w.done()), return_exceptions=True)
+    assert len(rest) == 7 and all(isinstance(r, ShutDown) for r in rest)
+
+
+async def test_queue_a_delayed_key_wakes_a_waiting_worker_on_time() -> None:
+    queue = WorkQueue()
+    waiter = asyncio.create_task(queue.get(), name="test-waiter")
+    queue.add_after("late", 5)
+    queue.add_after("soon", 0.05)  # earlier than the timer set: the timer moves
+    assert await asyncio.wait_for(waiter, 2) == "soon"
+    queue.shut_down()
+
+
+async def test_queue_a_worker_cancelled_after_its_wake_up_hands_the_key_on() -> None:
+    queue = WorkQueue()
+    first = asyncio.create_task(queue.get(), name="test-first")
+    second = asyncio.create_task(queue.get(), name="test-second")
+    await asyncio.sleep(0)
+    queue.add("k")  # wakes `first`
+    first.cancel()  # before it runs
+    assert await asyncio.wait_for(second, 1) == "k"
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
 async def test_queue_shutdown_stops_workers() -> None:
     queue = WorkQueue()
     waiter = asyncio.create_task(queue.get(), name="test-waiter")
