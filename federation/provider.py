@@ -498,8 +498,7 @@ class FederationProvider:
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 
     def _pod_changed(self, key: str, pending: bool = False) -> None:
-        """Tell the runtime; `pending`: the member pod is Pending and not being deleted, so the
-        front-end pod is Pending too (the runtime may let its settle timer look)."""
+        """`pending`: the member pod is Pending and not being deleted, so the front-end pod is too."""
         namespace, _, name = key.partition("/")
         pod: Pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {}}
         if pending:

@@ -211,12 +211,9 @@ class PodController:
         if self.queue is None:
             return
         key = pod_key(pod)
-        if pod.get("status", {}).get("phase") == "Pending" and self._settling.settling(key) and self.queue.due(key):
-            # Still Pending before its first write: nothing is written before the settle timer
-            # already set runs, and that run sees this change. In a burst, each member change
-            # of a new pod (our create's echo, the member scheduler's bind) would be a sync.
-            return
-        self.queue.add(key)
+        # In a burst, each member change of a new pod (our create's echo, the bind) was a sync.
+        if not self._settling.absorbs(key, pod.get("status", {}).get("phase"), due=self.queue.due(key)):
+            self.queue.add(key)
 
     async def _poll_statuses(self) -> None:
         """For providers without push: look at every live pod now and then."""

@@ -28,6 +28,11 @@ class Settling:
         """The pod's first write has not been made yet."""
         return key in self._created
 
+    def absorbs(self, key: str, phase: str | None, *, due: bool) -> bool:
+        """A provider change saying the pod is `phase` needs no run of its own: it leaves the
+        pod Pending before its first write, and a run that will see it is `due` anyway."""
+        return phase == "Pending" and due and self.settling(key)
+
     def forget(self, key: str) -> None:
         self._created.pop(key, None)
 

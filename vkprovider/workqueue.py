@@ -118,10 +118,7 @@ class WorkQueue:
                 return
             heapq.heappop(self._waiting)
             del self._deadlines[key]
-            if key not in self._dirty:
-                self._dirty.add(key)
-                if key not in self._processing:
-                    self._ready(key)
+            self.add(key)
         self._arm(None)
 
     async def get(self) -> str:
@@ -154,6 +151,4 @@ class WorkQueue:
         self._shutdown = True
         self._arm(None)
         while self._getters:
-            getter = self._getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
+            self._wake_one()
