@@ -34,7 +34,11 @@ async def on_lab(
     state: Path | None, spec: lab_mod.LabSpec, run: Callable[[Path, Path], Awaitable[dict[str, Any]]]
 ) -> dict[str, Any]:
     """`run(lab_state_dir, workdir)` on the lab in `state`, or on a fresh lab started (and
-    stopped) for it."""
+    stopped) for it. SIGINT or SIGTERM cancels the run, so the provider and the lab stop too."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
     with tempfile.TemporaryDirectory(prefix="vkprovider-bench-") as tmp:
         workdir = Path(tmp)
         if state:
@@ -46,8 +50,15 @@ async def on_lab(
             lab_mod.teardown(lab)
 
 
-#: The provider under tracemalloc when BENCH_MEMTRACE names a file (bench.memtrace).
-MODULE = "bench.memtrace" if os.environ.get("BENCH_MEMTRACE") else "vkprovider.cli"
+#: The provider under tracemalloc when BENCH_MEMTRACE names a file (bench.memtrace), under a
+#: stall recorder when BENCH_STALLS does (bench.stalls).
+MODULE = (
+    "bench.memtrace"
+    if os.environ.get("BENCH_MEMTRACE")
+    else "bench.stalls"
+    if os.environ.get("BENCH_STALLS")
+    else "vkprovider.cli"
+)
 
 
 class Provider:
@@ -103,14 +114,31 @@ class Provider:
             self.proc.terminate()
             self.proc.wait(30)
 
-    async def counters(self) -> dict[str, float]:
-        """Front-end API calls by verb (`api:<VERB>`), pod status writes (`status_writes`) and pod
-        syncs of any result (`syncs`)."""
+    async def _metrics(self) -> str:
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"http://127.0.0.1:{self.health_port}/metrics") as resp,
         ):
-            text = await resp.text()
+            return await resp.text()
+
+    async def histograms(self) -> dict[str, dict[float, float]]:
+        """Every histogram's cumulative bucket counts, `{"name{labels}": {le: count}}` (labels
+        other than `le`, sorted as served)."""
+        out: dict[str, dict[float, float]] = {}
+        for line in (await self._metrics()).splitlines():
+            name, _, rest = line.partition("_bucket{")
+            if not rest or line.startswith("#"):
+                continue
+            labels, _, value = rest.rpartition("} ")
+            le = next(part for part in labels.split(",") if part.startswith("le="))
+            others = ",".join(part for part in labels.split(",") if not part.startswith("le="))
+            out.setdefault(f"{name}{{{others}}}", {})[float(le[4:-1])] = float(value)
+        return out
+
+    async def counters(self) -> dict[str, float]:
+        """Front-end API calls by verb (`api:<VERB>`), pod status writes (`status_writes`) and pod
+        syncs of any result (`syncs`)."""
+        text = await self._metrics()
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("vkprovider_api_calls_total"):
@@ -120,6 +148,18 @@ class Provider:
             elif line.startswith("vkprovider_pod_sync_seconds_count"):  # every result
                 out["syncs"] = out.get("syncs", 0.0) + float(line.split()[-1])
         return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile `q` of what a histogram observed between
+    two scrapes (cumulative counts by `le`); None when it observed nothing."""
+    counts = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    if not counts or counts[-1][1] <= 0:
+        return None
+    for le, count in counts:
+        if count >= q * counts[-1][1]:
+            return le
+    return counts[-1][0]
 
 
 class Profile:

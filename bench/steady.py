@@ -9,10 +9,13 @@ Reports:
     under 0.05 cores);
   - under a churn of --churn pods/s (one new pod created and one old deleted each 1/churn s):
     the status round trip, member pod Running -> front-end pod Running, p50/p99 (target: p99
-    under 500 ms), both seen by this process's own watches; and the provider's cores meanwhile.
+    under 500 ms), both seen by this process's own watches; and the provider's cores meanwhile,
+    with where its time went (its sync, queue-wait and event-loop-lag histograms). The churn
+    lasts 120 s by default, as long as the provider's orphan interval: every churn includes
+    one orphan check, a pass over all the pods held.
 The lab must hold the pods: 110 per node, so at least 35 nodes per member for 10,000 over three;
 without --state a lab of 3 members x 40 nodes is started.
-Run: `.venv/bin/python -m bench.steady [--state DIR] [--pods 10000] [--churn 20] [--seconds 60]`.
+Run: `.venv/bin/python -m bench.steady [--state DIR] [--pods 10000] [--churn 20] [--seconds 120]`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import endtoend
-from bench.common import on_lab
+from bench.common import bucket_quantile, on_lab
 from e2e import lab as lab_mod
 from federation import forge
 from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
@@ -137,7 +140,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                         traced = await _memtrace(proc.pid)
                         result["traced_kib_per_pod"] = round((traced - traced_empty) / args.pods / 1024, 2)
 
-                    before, t0 = cpu.seconds(), time.monotonic()
+                    before, t0, seen = cpu.seconds(), time.monotonic(), await proc.histograms()
                     new = await _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names))
                     await phases.settle("Running", ran + len(new), timeout=300)
                     result["churn_provider_cores"] = round((cpu.seconds() - before) / (time.monotonic() - t0), 3)
@@ -145,13 +148,24 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                     member_running: dict[str, float] = {}
                     for watch in watches:
                         member_running.update(watch.times("Running"))
-                    trips = sorted(front_running[n] - member_running[n] for n in new if n in member_running)
+                    trips = sorted(
+                        (front_running[n] - member_running[n], member_running[n] - t0)
+                        for n in new
+                        if n in member_running
+                    )
                     result["churn"] = {
                         "pods_per_s": args.churn,
                         "seconds": args.seconds,
-                        "round_trip_ms_p50": round(statistics.median(trips) * 1000, 1),
-                        "round_trip_ms_p99": round(trips[max(0, int(len(trips) * 0.99) - 1)] * 1000, 1),
+                        "round_trip_ms_p50": round(statistics.median(t for t, _ in trips) * 1000, 1),
+                        "round_trip_ms_p99": round(trips[max(0, int(len(trips) * 0.99) - 1)][0] * 1000, 1),
                         "measured": len(trips),
+                        "started_at": round(t0, 3),  # time.monotonic, as bench.stalls's records
+                        # When the slow trips' pods ran (seconds into the churn): bunched, they
+                        # point to a stall; spread, to a queue.
+                        "slow_at_s": [
+                            round(at, 1) for trip, at in trips if trip > TARGETS["churn.round_trip_ms_p99"] / 1000
+                        ],
+                        "provider": _inside(seen, await proc.histograms()),
                     }
                 finally:
                     for watch in watches:
@@ -161,8 +175,28 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                 await client.__aexit__(None, None, None)
         result["targets"] = TARGETS
         print(json.dumps(result, indent=2), flush=True)  # before the clean-up, which can take minutes
+        if proc.proc is not None and proc.proc.poll() is not None:  # its member pods would never go
+            tail = (workdir / "vk.log").read_text(errors="replace")[-3000:]  # the directory goes
+            raise RuntimeError(f"vkprovider exited ({proc.proc.returncode}); the end of its log:\n{tail}")
         await endtoend.clean(lab, front, ns, timeout=1800)
     return result
+
+
+def _inside(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> dict[str, Any]:
+    """Where the provider's time went meanwhile, from its own histograms: bucket bounds in ms of
+    the p50/p99 (and the worst) of its syncs, its queue wait and its event loop's lag."""
+    out: dict[str, Any] = {}
+    for label, name in (
+        ("sync", 'vkprovider_pod_sync_seconds{result="ok"}'),
+        ("queue_wait", 'vkprovider_workqueue_wait_seconds{queue="pods"}'),
+        ("loop_lag", "vkprovider_event_loop_lag_seconds{}"),
+    ):
+        for q in (0.5, 0.99, 1.0):
+            bound = bucket_quantile(before.get(name, {}), after.get(name, {}), q)
+            out[f"{label}_ms_{'max' if q == 1.0 else f'p{q * 100:.0f}'}_bucket"] = (
+                None if bound is None else bound * 1000
+            )
+    return out
 
 
 TARGETS = {"provider_rss_kib_per_pod": 8, "provider_idle_cores": 0.05, "churn.round_trip_ms_p99": 500}
@@ -172,7 +206,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=10_000)
     parser.add_argument("--churn", type=float, default=20.0, help="pods created (and deleted) per second")
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long the churn lasts")
+    parser.add_argument(
+        "--seconds", type=float, default=120.0, help="how long the churn lasts (the orphan interval: one check in it)"
+    )
     parser.add_argument(
         "--settle",
         type=float,

@@ -119,17 +119,19 @@ def candidates(
 ) -> list[Mapping[str, Any]]:
     """Member pods whose front-end pod is not among the live ones (key -> UID of front-end pods
     not ended): to be confirmed one by one with `verdict`."""
-    out = []
-    for pod in member_pods:
-        meta = pod["metadata"]
-        if meta.get("deletionTimestamp") or _age(pod, now) < min_age:
-            continue
-        key = f"{(meta.get('annotations') or {}).get(forge.ORIGIN_NAMESPACE, '')}/" + str(
-            (meta.get("annotations") or {}).get(forge.ORIGIN_NAME, "")
-        )
-        if live.get(key) != _origin_uid(pod):
-            out.append(pod)
-    return out
+    return [pod for pod in member_pods if is_candidate(pod, live, now=now, min_age=min_age)]
+
+
+def is_candidate(
+    member_pod: Mapping[str, Any], live: Mapping[str, str], *, now: float, min_age: float = MIN_AGE
+) -> bool:
+    """`candidates`' test of one member pod."""
+    meta = member_pod["metadata"]
+    if meta.get("deletionTimestamp") or _age(member_pod, now) < min_age:
+        return False
+    annotations = meta.get("annotations") or {}
+    key = f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
+    return live.get(key) != _origin_uid(member_pod)
 
 
 def verdict(member_pod: Mapping[str, Any], front: Mapping[str, Any] | None) -> str | None:
@@ -225,7 +227,8 @@ class OrphanReconciler:
         pods = getattr(member, "pods", None)
         if pods is None or pods.client is None or not pods.synced.is_set() or pods.failing:
             return 0
-        found = candidates((p for _, p in pods.by_origin.scan()), live, now=time.time())
+        now = time.time()
+        found = [p async for _, p in pods.by_origin.walk() if is_candidate(p, live, now=now)]
         why: Tally[str] = Tally()
         for member_pod in found[: self.limit]:
             annotations = member_pod["metadata"].get("annotations") or {}

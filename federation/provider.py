@@ -588,7 +588,7 @@ class FederationProvider:
         for member in self.members.values():
             if member.pods is None:
                 continue
-            for key, member_pod in member.pods.by_origin.scan():
+            async for key, member_pod in member.pods.by_origin.walk():
                 namespace, _, name = key.partition("/")
                 uid = (member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")
                 out.append({"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}})

@@ -154,9 +154,10 @@ class Reflector:
             services = await listed_in("services")
             wanted = {svc["metadata"]["namespace"] for svc in services}
             by_namespace: dict[str, list[dict[str, Any]]] = {}
-            for _, member_pod in pods.by_origin.scan() if services else ():
-                if member_pod["metadata"]["namespace"] in wanted:
-                    by_namespace.setdefault(member_pod["metadata"]["namespace"], []).append(member_pod)
+            if services:
+                async for _, member_pod in pods.by_origin.walk():
+                    if member_pod["metadata"]["namespace"] in wanted:
+                        by_namespace.setdefault(member_pod["metadata"]["namespace"], []).append(member_pod)
             for svc in services:
                 ns = svc["metadata"]["namespace"]
                 members = by_namespace.get(ns, [])

@@ -1,5 +1,5 @@
-"""Prometheus metrics of one runtime: queue depth, sync latency, errors, API calls, open
-streaming sessions and the event loop's tasks.
+"""Prometheus metrics of one runtime: queue depth and wait, sync latency, errors, API calls,
+open streaming sessions, and the event loop's tasks and lag.
 
 One registry per runtime (not the global default), so several runtimes in one process, as in
 tests, do not collide.
@@ -16,6 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 SYNC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: Seconds between two looks at the event loop's lag: a stall this long or longer is always seen.
+LAG_INTERVAL = 0.25
 
 
 class _ApiCalls(Collector):
@@ -53,6 +56,19 @@ class Metrics:
         self.sync_seconds = Histogram(
             "vkprovider_pod_sync_seconds", "Time to sync one pod.", ["result"], buckets=SYNC_BUCKETS, registry=r
         )
+        self.queue_wait_seconds = Histogram(
+            "vkprovider_workqueue_wait_seconds",
+            "Time a key waited in a work queue before a worker took it.",
+            ["queue"],
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_seconds = Histogram(
+            "vkprovider_event_loop_lag_seconds",
+            "How late the event loop woke a timer: time every task waited for one that held the loop.",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
         self.errors = Counter("vkprovider_errors", "Errors by component and kind.", ["component", "kind"], registry=r)
         self.status_writes = Counter("vkprovider_pod_status_writes", "Pod status patches written.", registry=r)
         self.node_patches = Counter("vkprovider_node_status_patches", "Node status patches written.", registry=r)
@@ -61,6 +77,16 @@ class Metrics:
             "vkprovider_stream_sessions", "Open exec, attach and port-forward sessions.", ["kind"], registry=r
         )
         r.register(_Tasks())
+
+    async def probe_loop_lag(self, interval: float = LAG_INTERVAL) -> None:
+        """Observe how late a sleep of `interval` wakes, until cancelled. Every latency the
+        provider reports (a status, a dispatch) includes any time the loop was held by one
+        task; this says whether a tail is that, or waiting on an apiserver."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval)
+            self.loop_lag_seconds.observe(max(0.0, loop.time() - start - interval))
 
     def track_api_calls(self, source: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_ApiCalls(source))

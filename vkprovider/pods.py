@@ -407,7 +407,10 @@ class PodController:
 
     async def run(self) -> None:
         """Watch, sync and clean up until cancelled."""
-        self.queue = WorkQueue(backoff=ExponentialBackoff(base=0.05, cap=self._settings.retry_cap))
+        self.queue = WorkQueue(
+            backoff=ExponentialBackoff(base=0.05, cap=self._settings.retry_cap),
+            observe_wait=self._metrics.queue_wait_seconds.labels("pods").observe,
+        )
         failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._failure = failure
         self.set_nodes(self._nodes)

@@ -15,8 +15,9 @@ a change made to it is kept only by chance.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from typing import Any, Generic, TypeVar, cast
 
 from vkprovider import podzip
@@ -26,6 +27,8 @@ _P = TypeVar("_P", bound=Pod | dict[str, Any])
 
 #: Pods kept decoded: enough for the syncs in flight in a burst, a fixed cost however many pods.
 HOT = 256
+#: Pods a `walk` decodes between two turns of the event loop: a few ms of decoding at most.
+TURN = 128
 
 
 class Entry:
@@ -140,6 +143,15 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
 
     def entries(self) -> list[tuple[str, Entry]]:
         return list(self._entries.items())
+
+    async def walk(self, keys: list[str] | None = None, *, turn: int = TURN) -> AsyncIterator[tuple[str, _P]]:
+        """As `scan`, for a caller on the event loop: the loop has a turn after every `turn`
+        pods. A pod decodes in about 10 us on an idle core, yet one member's 3,300 pods in one
+        go held the loop for 250-550 ms on a loaded one, and every status write behind them."""
+        for i, item in enumerate(self.scan(keys), 1):
+            yield item
+            if i % turn == 0:
+                await asyncio.sleep(0)
 
     def scan(self, keys: list[str] | None = None) -> Iterator[tuple[str, _P]]:
         """Every pod (or those of `keys` still held), decoded one at a time and not kept: a scan

@@ -195,6 +195,7 @@ class Runtime:
             supervisor.start("pods", self.pods.run())
             pods = self.pods
             supervisor.start("heap-trim", heap.trim_periodically(lambda: pods.syncs))
+            supervisor.start("loop-lag", self.metrics.probe_loop_lag())
             if not await self._until(self.pods.ready.wait(), supervisor):
                 clean = True
                 return

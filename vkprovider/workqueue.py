@@ -23,8 +23,15 @@ class ShutDown(Exception):
 
 
 class WorkQueue:
-    def __init__(self, *, backoff: ExponentialBackoff | None = None, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        backoff: ExponentialBackoff | None = None,
+        clock: Callable[[], float] | None = None,
+        observe_wait: Callable[[float], None] | None = None,
+    ) -> None:
         self._queue: deque[str] = deque()
+        self._since: dict[str, float] = {}  # key -> when it joined the queue, while observed
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._waiting: list[tuple[float, int, str]] = []  # (deadline, seq, key)
@@ -37,6 +44,9 @@ class WorkQueue:
         self._shutdown = False
         self._clock = clock or self._loop.time
         self.backoff = backoff or ExponentialBackoff()
+        #: Called with the seconds each key waited in the queue before a worker took it: the
+        #: part of a sync's latency that is the workers' fault, apart from the sync itself.
+        self._observe_wait = observe_wait
 
     def __len__(self) -> int:
         """Keys ready to be processed (not counting delayed ones)."""
@@ -56,6 +66,8 @@ class WorkQueue:
         always looks at the queue again before it waits, so no wake-up is lost when another
         worker takes the key first."""
         self._queue.append(key)
+        if self._observe_wait is not None:
+            self._since[key] = self._clock()
         self._wake_one()
 
     def _wake_one(self) -> None:
@@ -132,6 +144,8 @@ class WorkQueue:
                 key = self._queue.popleft()
                 self._dirty.discard(key)
                 self._processing.add(key)
+                if self._observe_wait is not None:
+                    self._observe_wait(self._clock() - self._since.pop(key, self._clock()))
                 return key
             getter = self._loop.create_future()
             self._getters.append(getter)

@@ -3,6 +3,8 @@ packed once when it leaves the hot set."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from vkprovider import podzip
@@ -50,6 +52,30 @@ def test_a_scan_decodes_every_pod_and_leaves_the_hot_set_as_it_was() -> None:
     assert [k for k, _ in store.scan()] == ["ns/p0", "ns/p1", "ns/p2"]
     assert [p["metadata"]["name"] for _, p in store.scan(["ns/p1", "ns/gone"])] == ["p1"]
     assert store["ns/p2"] is hot
+
+
+async def test_a_walk_gives_the_loop_a_turn_every_so_many_pods() -> None:
+    store: PodStore[dict[str, Any]] = PodStore(hot=2)
+    for i in range(10):
+        store[f"ns/p{i}"] = _pod(f"p{i}")
+    ticks: list[int] = []
+    seen: list[tuple[str, int]] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(len(seen))
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(ticker(), name="test-ticker")
+    await asyncio.sleep(0)
+    async for key, pod in store.walk(turn=4):
+        seen.append((key, len(ticks)))
+        assert pod == _pod(key.partition("/")[2])
+    other.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await other
+    assert [k for k, _ in seen] == [f"ns/p{i}" for i in range(10)]
+    assert [t for _, t in seen] == [1] * 4 + [2] * 4 + [3] * 2  # the other task ran after pods 4 and 8
 
 
 def test_forgetting_a_pod() -> None:

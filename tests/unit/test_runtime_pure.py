@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from vkprovider import node, podstatus, settings
 from vkprovider.backoff import ExponentialBackoff
 from vkprovider.httpapi.auth import subresource_for, user_from_certificate
 from vkprovider.httpapi.server import log_options, resource_metrics
+from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod
 from vkprovider.provider import NodeStatus
 from vkprovider.workqueue import ShutDown, WorkQueue
@@ -200,6 +202,43 @@ async def test_queue_a_worker_cancelled_after_its_wake_up_hands_the_key_on() -> 
     assert await asyncio.wait_for(second, 1) == "k"
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_queue_observes_how_long_each_key_waited_for_a_worker() -> None:
+    now = [100.0]
+    waits: list[float] = []
+    queue = WorkQueue(clock=lambda: now[0], observe_wait=waits.append)
+    queue.add("a")
+    now[0] = 100.5
+    queue.add("a")  # already waiting: its wait counts from the first add
+    now[0] = 101.0
+    assert await queue.get() == "a"
+    queue.add("a")  # while processing: waits from `done`, not from here
+    now[0] = 103.0
+    queue.done("a")
+    now[0] = 103.25
+    assert await queue.get() == "a"
+    queue.done("a")
+    assert waits == [1.0, 0.25]
+
+
+async def test_loop_lag_probe_sees_a_task_that_held_the_loop() -> None:
+    metrics = Metrics()
+    probe = asyncio.create_task(metrics.probe_loop_lag(interval=0.02), name="test-loop-lag")
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # noqa: ASYNC251 (holds the loop, as a long synchronous pass would)
+    await asyncio.sleep(0.05)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    buckets = {
+        sample.labels["le"]: sample.value
+        for family in metrics.registry.collect()
+        if family.name == "vkprovider_event_loop_lag_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_bucket")
+    }
+    assert buckets["0.1"] < buckets["+Inf"]  # one wake-up came more than 0.1 s late
 
 
 async def test_queue_shutdown_stops_workers() -> None:
