@@ -55,6 +55,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.runtime_pods
 	$(BIN)/python -m bench.capacity_scale
 	$(BIN)/python -m bench.dispatch
+	$(BIN)/python -m bench.steady
 	$(BIN)/python -m bench.reaction
 	$(BIN)/python -m bench.planner_scale
 	$(BIN)/python -m bench.reclaim_latency

@@ -1,10 +1,11 @@
 """Hand profiling of event-loop stalls: runs `vkprovider.cli`, timing every callback the loop
 runs and every garbage collection, and appends each one longer than $BENCH_STALLS_MS (20 by
 default) to the file $BENCH_STALLS, one JSON object per line:
-  - `{"at": t, "ms": d, "task": name, "coro": qualname, "stacks": {stack: samples}}` for a
+  - `{"at": t, "ms": d, "cpu_ms": c, "task": name, "coro": qualname, "stacks": {stack: n}}` for a
     callback (a task's step names its task; `coro` is where the task stopped after the step;
     `stacks` is where the time went: the main thread's stack sampled every 5 ms by a thread of
-    its own while the callback ran, innermost frame last);
+    its own while the callback ran, innermost frame last; `cpu_ms` is the CPU the loop's thread
+    used meanwhile, so a step far longer than its CPU was the OS running other processes);
   - `{"at": t, "ms": d, "gc": generation, "collected": n}` for a collection.
 `at` is the loop's clock (time.monotonic) when it began. The provider's /metrics say how late
 its loop is (`vkprovider_event_loop_lag_seconds`); this says which task held it.
@@ -73,7 +74,7 @@ def _watch_callbacks(out: TextIO, threshold: float) -> None:
     sampler = _Sampler(threshold)
 
     def timed(handle: asyncio.events.Handle) -> None:
-        started = sampler.begin()
+        started, cpu = sampler.begin(), time.thread_time()
         try:
             run(handle)
         finally:
@@ -89,7 +90,11 @@ def _watch_callbacks(out: TextIO, threshold: float) -> None:
                     # Its name only: a repr can have side effects (aiohttp's ClientResponse
                     # caches its headers, None if read before the response has started).
                     where = {"callback": getattr(callback, "__qualname__", type(callback).__qualname__)}
-                _record(out, {"at": round(started, 3), "ms": round(took * 1000, 1), **where, "stacks": stacks})
+                used = round((time.thread_time() - cpu) * 1000, 1)  # less than `ms`: the OS ran others
+                _record(
+                    out,
+                    {"at": round(started, 3), "ms": round(took * 1000, 1), "cpu_ms": used, **where, "stacks": stacks},
+                )
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
 

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import endtoend
-from bench.common import bucket_quantile, on_lab
+from bench.common import CpuMeter, bucket_quantile, lab_pids, on_lab
+from e2e import audit
 from e2e import lab as lab_mod
+from e2e.state import LabState
 from federation import forge
 from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
 
@@ -140,10 +142,26 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                         traced = await _memtrace(proc.pid)
                         result["traced_kib_per_pod"] = round((traced - traced_empty) / args.pods / 1024, 2)
 
+                    meter = CpuMeter(
+                        {"bench": os.getpid(), "provider": proc.pid, **lab_pids(state, list(lab.clusters))}
+                    )
+                    meter.start()
                     before, t0, seen = cpu.seconds(), time.monotonic(), await proc.histograms()
                     new = await _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names))
                     await phases.settle("Running", ran + len(new), timeout=300)
                     result["churn_provider_cores"] = round((cpu.seconds() - before) / (time.monotonic() - t0), 3)
+                    # Near 2 (this machine's cores), the machine was the limit: a slow trip may
+                    # be the provider waiting for a core, not for its own work.
+                    used = meter.stop()
+                    apiservers = sum(v for k, v in used.items() if k.endswith("/kube-apiserver"))
+                    named = ("total", "provider", "bench", "etcd")
+                    result["churn_cores"] = {
+                        **{k: used.get(k, 0.0) for k in named},
+                        "apiservers": round(apiservers, 2),
+                        "rest of the lab": round(
+                            used["total"] - sum(used.get(k, 0.0) for k in named[1:]) - apiservers, 2
+                        ),
+                    }
                     front_running = dict(phases.times("Running"))
                     member_running: dict[str, float] = {}
                     for watch in watches:
@@ -165,6 +183,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                         "slow_at_s": [
                             round(at, 1) for trip, at in trips if trip > TARGETS["churn.round_trip_ms_p99"] / 1000
                         ],
+                        "slow_split_ms": _split(lab, ns, new, member_running, front_running),
                         "provider": _inside(seen, await proc.histograms()),
                     }
                 finally:
@@ -180,6 +199,43 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
             raise RuntimeError(f"vkprovider exited ({proc.proc.returncode}); the end of its log:\n{tail}")
         await endtoend.clean(lab, front, ns, timeout=1800)
     return result
+
+
+def _split(
+    lab: LabState, ns: str, names: list[str], member: dict[str, float], front: dict[str, float]
+) -> dict[str, Any]:
+    """Where the slow round trips (over the target) lost their time, from the front end's audit
+    log: member Running (this process's watch) -> the provider's status patch received by the
+    apiserver (the provider's watch of the member, its queue and its sync) -> the patch answered
+    (the apiserver) -> front-end Running seen by this process's watch. Medians and maxima, ms."""
+    slow = {
+        n
+        for n in names
+        if n in member and n in front and front[n] - member[n] > TARGETS["churn.round_trip_ms_p99"] / 1000
+    }
+    if not slow:
+        return {}
+    wall = time.time() - time.monotonic()  # audit stamps are wall-clock times; ours monotonic
+    patch: dict[str, audit.AuditRecord] = {}
+    for rec in audit.records(lab, "offline", users={endtoend.USER}):
+        # the last status patch the front end answered before the pod was seen Running
+        if (
+            rec.name in slow
+            and rec.namespace == ns
+            and (rec.verb, rec.subresource) == ("patch", "status")
+            and rec.completed - wall <= front[rec.name]
+        ):
+            patch[rec.name] = rec
+    parts: dict[str, list[float]] = {"to_patch": [], "apiserver": [], "front_watch": []}
+    for name, rec in patch.items():
+        parts["to_patch"].append(rec.received - wall - member[name])
+        parts["apiserver"].append(rec.completed - rec.received)
+        parts["front_watch"].append(front[name] - (rec.completed - wall))
+    out: dict[str, Any] = {"pods": len(slow), "patches_found": len(patch)}
+    for part, values in parts.items():
+        if values:
+            out[part] = {"p50": round(statistics.median(values) * 1000, 1), "max": round(max(values) * 1000, 1)}
+    return out
 
 
 def _inside(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> dict[str, Any]:

@@ -221,7 +221,7 @@ class Reclaimer:
 
     # -- one member ------------------------------------------------------------------------------
 
-    def _our_pods(
+    async def _our_pods(
         self, member: MemberView, pods: Any
     ) -> tuple[list[planner.OurPod], dict[str, dict[str, Any]], dict[str, int]]:
         """Our live pods there for the planner, the member pods by key, and what pods already
@@ -232,7 +232,7 @@ class Reclaimer:
         inventory = member.inventory()
         # Bound live pods only: the others are not decoded at all.
         live = [k for k, e in pods.by_origin.entries() if e.node and e.phase not in ("Succeeded", "Failed")]
-        for _, member_pod in pods.by_origin.scan(live):
+        async for _, member_pod in pods.by_origin.walk(live):
             meta = member_pod["metadata"]
             spec = member_pod.get("spec") or {}
             phase = (member_pod.get("status") or {}).get("phase")
@@ -334,7 +334,7 @@ class Reclaimer:
         if self._nothing_to_do(member, pods):
             self.pending[member.name] = []
             return
-        ours, by_key, leaving = self._our_pods(member, pods)
+        ours, by_key, leaving = await self._our_pods(member, pods)
         plan = self._plan(member, ours, leaving)
         now = time.time()
         wanted = {v.pod.key for v in plan.victims}
