@@ -34,7 +34,7 @@ import contextlib
 import datetime
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -114,18 +114,11 @@ def _age(member_pod: Mapping[str, Any], now: float) -> float:
     return now - datetime.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
 
 
-def candidates(
-    member_pods: Iterable[Mapping[str, Any]], live: Mapping[str, str], *, now: float, min_age: float = MIN_AGE
-) -> list[Mapping[str, Any]]:
-    """Member pods whose front-end pod is not among the live ones (key -> UID of front-end pods
-    not ended): to be confirmed one by one with `verdict`."""
-    return [pod for pod in member_pods if is_candidate(pod, live, now=now, min_age=min_age)]
-
-
 def is_candidate(
     member_pod: Mapping[str, Any], live: Mapping[str, str], *, now: float, min_age: float = MIN_AGE
 ) -> bool:
-    """`candidates`' test of one member pod."""
+    """The member pod's front-end pod is not among the live ones (key -> UID of front-end pods
+    not ended): to be confirmed with `verdict`."""
     meta = member_pod["metadata"]
     if meta.get("deletionTimestamp") or _age(member_pod, now) < min_age:
         return False

@@ -1,12 +1,16 @@
 """A pod's deletion on the provider's side: ask the provider to delete it, and tell whether it
 is gone there, with the provider's last status of it (what the pod's terminal status is made of
-when the provider saw it end). The API side (grace period, terminal status, the grace-0 delete)
-stays with `vkprovider.pods`."""
+when the provider saw it end); and, once at start-up, deleting the provider's pods that no API
+pod stands for any more. The API side (grace period, terminal status, the grace-0 delete) stays
+with `vkprovider.pods`."""
 
 from __future__ import annotations
 
-from vkprovider.objects import Pod, PodStatus, split_key
-from vkprovider.provider import PodLifecycle, ProviderNotFound
+from typing import Any
+
+from vkprovider.objects import Pod, PodStatus, pod_key, split_key
+from vkprovider.podstore import PodStore
+from vkprovider.provider import PodLifecycle, ProviderError, ProviderNotFound
 
 
 async def delete_in_provider(provider: PodLifecycle, key: str, pod: Pod) -> tuple[bool, PodStatus | None]:
@@ -26,3 +30,23 @@ async def delete_in_provider(provider: PodLifecycle, key: str, pod: Pod) -> tupl
     if remote is None or remote["metadata"].get("uid") != uid:
         return True, provided
     return False, remote.get("status")
+
+
+async def delete_orphans(provider: PodLifecycle, cache: PodStore[Pod], log: Any) -> None:
+    """Provider pods with no pod of the same UID in `cache` (the API's pods, fully listed)."""
+    try:
+        owned = await provider.list_pods()
+    except ProviderError as exc:
+        log.warning("start-up clean-up skipped: provider list failed", error=str(exc))
+        return
+    for pod in owned:
+        key = pod_key(pod)
+        if cache.uid(key) == pod["metadata"].get("uid"):
+            continue
+        log.info("deleting orphaned provider pod", pod=key, uid=pod["metadata"].get("uid"))
+        try:
+            await provider.delete_pod(pod)
+        except ProviderNotFound:
+            pass
+        except ProviderError as exc:
+            log.warning("orphan delete failed", pod=key, error=str(exc))

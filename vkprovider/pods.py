@@ -28,7 +28,7 @@ from typing import Any
 
 from vkprovider import logs, podstatus
 from vkprovider.backoff import ExponentialBackoff
-from vkprovider.deletion import delete_in_provider
+from vkprovider.deletion import delete_in_provider, delete_orphans
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound, Unreachable
 from vkprovider.kube.relist import Relist, relist
@@ -227,22 +227,7 @@ class PodController:
     async def _cleanup_orphans(self) -> None:
         """Once, after the first full list: provider pods with no API pod of the same UID."""
         await self.ready.wait()
-        try:
-            owned = await self._provider.list_pods()
-        except ProviderError as exc:
-            self._log.warning("start-up clean-up skipped: provider list failed", error=str(exc))
-            return
-        for pod in owned:
-            key = pod_key(pod)
-            if self.cache.uid(key) == pod["metadata"].get("uid"):
-                continue
-            self._log.info("deleting orphaned provider pod", pod=key, uid=pod["metadata"].get("uid"))
-            try:
-                await self._provider.delete_pod(pod)
-            except ProviderNotFound:
-                pass
-            except ProviderError as exc:
-                self._log.warning("orphan delete failed", pod=key, error=str(exc))
+        await delete_orphans(self._provider, self.cache, self._log)
 
     # -- sync ------------------------------------------------------------------------------------
 

@@ -145,7 +145,7 @@ class WorkQueue:
                 self._dirty.discard(key)
                 self._processing.add(key)
                 if self._observe_wait is not None:
-                    self._observe_wait(self._clock() - self._since.pop(key, self._clock()))
+                    self._observe_wait(self._clock() - self._since.pop(key))
                 return key
             getter = self._loop.create_future()
             self._getters.append(getter)

@@ -68,7 +68,7 @@ def test_candidates_are_member_pods_without_a_live_front_end_pod_of_their_uid() 
         member_pod("deleting", "u5", deleting=True),
     ]
     live = {"ns/kept": "u1", "ns/replaced": "other"}
-    found = outages.candidates(pods, live, now=NOW)
+    found = [p for p in pods if outages.is_candidate(p, live, now=NOW)]
     assert [p["metadata"]["name"] for p in found] == ["gone", "replaced"]
 
 
