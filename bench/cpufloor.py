@@ -22,14 +22,31 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.endtoend import Cpu, Phases, create_all, members, pod
+from e2e import audit
 from e2e import lab as lab_mod
+from e2e.state import LabState
 from vkprovider.kube import AlreadyExists, Gone, KubeClient, ensure_namespace, load_kubeconfig
 
 ORIGIN = "bench.vkprovider.io/origin"
+USER = "vkprovider-floor"
+
+
+@dataclass(frozen=True)
+class Relay:
+    """A running floor process: the front-end node and namespace it serves."""
+
+    node: str
+    namespace: str
+    proc: asyncio.subprocess.Process
+
+
 KEPT = ("name", "image", "resources")  # of a container: not its mounts of front-end volumes
 
 
@@ -141,50 +158,65 @@ async def serve(front_config: Path, member_configs: list[Path], node: str, names
                 await client.__aexit__(None, None, None)
 
 
+@asynccontextmanager
+async def relay(lab: LabState, front: KubeClient, *, count: int = 10**9) -> AsyncIterator[Relay]:
+    """The floor process serving a fresh node and namespace for the block (its pods, front end
+    and members, deleted after): it reports Running until `count` pods have run."""
+    node = f"vk-floor-{uuid.uuid4().hex[:5]}"
+    ns = f"floor-{uuid.uuid4().hex[:5]}"
+    names = members(lab)
+    await ensure_namespace(front, ns)
+    # A node object, so the front end's pod GC does not take its pods for orphans.
+    await front.create("/api/v1/nodes", {"metadata": {"name": node}})
+
+    # audited as the provider is, so its calls can be timed from the apiservers' record too
+    def config(cluster: str) -> str:
+        return str(audit.user_kubeconfig(lab, cluster, USER, groups=("system:masters",)))
+
+    argv = ["serve", "--front", config("offline"), "--node", node, "--namespace", ns, "--count", str(count)]
+    argv += itertools.chain.from_iterable(("--member", config(m)) for m in names)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.cpufloor", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        await asyncio.wait_for(proc.stdout.readline(), 60)
+        await asyncio.sleep(1)
+        yield Relay(node=node, namespace=ns, proc=proc)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+        await front.delete(f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
+        await front.delete(f"/api/v1/namespaces/{ns}")
+        await front.delete(f"/api/v1/nodes/{node}")
+        for name in names:
+            async with KubeClient(load_kubeconfig(lab.kubeconfig(name))) as member:
+                await member.delete(f"/api/v1/namespaces/{ns}")
+
+
 async def floor_cpu(state: Path, count: int) -> dict[str, Any]:
     """`count` plain pods bound to a node in the front end until the floor process has reported
     them Running there: its CPU per pod, measured as the provider's is."""
     lab = lab_mod.load_running(state)
-    node = f"vk-floor-{uuid.uuid4().hex[:5]}"
-    ns = f"floor-{uuid.uuid4().hex[:5]}"
-    names = members(lab)
-    async with KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front:
-        await ensure_namespace(front, ns)
-        # A node object, so the front end's pod GC does not take its pods for orphans.
-        await front.create("/api/v1/nodes", {"metadata": {"name": node}})
-        argv = ["serve", "--front", str(lab.kubeconfig("offline")), "--node", node, "--namespace", ns]
-        argv += ["--count", str(count)]
-        argv += itertools.chain.from_iterable(("--member", str(lab.kubeconfig(m))) for m in names)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.cpufloor", *argv, stdout=asyncio.subprocess.PIPE
-        )
-        try:
-            assert proc.stdout is not None
-            await asyncio.wait_for(proc.stdout.readline(), 60)
-            await asyncio.sleep(1)
-            cpu = Cpu(proc.pid)
-            async with Phases(front, ns) as phases:
-                before, started = cpu.seconds(), time.monotonic()
-                await create_all(front, ns, [pod(f"p{i:05d}", node) for i in range(count)])
-                running = asyncio.create_task(phases.wait("Running", count), name="cpufloor/running")
-                exited = asyncio.create_task(proc.wait(), name="cpufloor/exited")
-                await asyncio.wait([running, exited], return_when=asyncio.FIRST_COMPLETED)
-                if not running.done():
-                    running.cancel()
-                    raise RuntimeError(f"the floor process exited ({proc.returncode}) before all pods ran")
-                exited.cancel()
-                last = running.result()
-                await asyncio.sleep(2.0)  # as for the provider: the writes' echoes arrive
-                used = cpu.seconds() - before
-        finally:
-            proc.terminate()
-            await proc.wait()
-        await front.delete(f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
-        await front.delete(f"/api/v1/namespaces/{ns}")
-        await front.delete(f"/api/v1/nodes/{node}")
-    for name in names:
-        async with KubeClient(load_kubeconfig(lab.kubeconfig(name))) as member:
-            await member.delete(f"/api/v1/namespaces/{ns}")
+    async with (
+        KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front,
+        relay(lab, front, count=count) as floor,
+        Phases(front, floor.namespace) as phases,
+    ):
+        cpu = Cpu(floor.proc.pid)
+        before, started = cpu.seconds(), time.monotonic()
+        await create_all(front, floor.namespace, [pod(f"p{i:05d}", floor.node) for i in range(count)])
+        running = asyncio.create_task(phases.wait("Running", count), name="cpufloor/running")
+        exited = asyncio.create_task(floor.proc.wait(), name="cpufloor/exited")
+        await asyncio.wait([running, exited], return_when=asyncio.FIRST_COMPLETED)
+        if not running.done():
+            running.cancel()
+            raise RuntimeError(f"the floor process exited ({floor.proc.returncode}) before all pods ran")
+        exited.cancel()
+        last = running.result()
+        await asyncio.sleep(2.0)  # as for the provider: the writes' echoes arrive
+        used = cpu.seconds() - before
     return {"pods": count, "all_running_s": round(last - started, 1), "cpu_ms_per_pod": round(used / count * 1000, 2)}
 
 

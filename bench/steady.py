@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -32,8 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench import endtoend
-from bench.common import CpuMeter, bucket_quantile, lab_pids, on_lab
+from bench import cpufloor, endtoend
+from bench.common import CpuMeter, Profile, bucket_quantile, lab_pids, on_lab
 from e2e import audit
 from e2e import lab as lab_mod
 from e2e.state import LabState
@@ -45,18 +46,21 @@ def _origin(obj: dict[str, Any]) -> str:
     return str((obj["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAME, ""))
 
 
-async def _churn(front: KubeClient, ns: str, node: str, *, rate: float, seconds: float, old: list[str]) -> list[str]:
-    """Create one pod and delete one of `old` every 1/rate s; the new pods' names."""
+async def _churn(
+    front: KubeClient, ns: str, node: str, *, rate: float, seconds: float, old: list[str], prefix: str = "c"
+) -> list[str]:
+    """Create one pod and delete one of `old` (while any are left) every 1/rate s; the new
+    pods' names."""
     created: list[str] = []
     tasks: list[asyncio.Task[Any]] = []
     t0 = time.monotonic()
     for i in range(int(rate * seconds)):
         await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
-        name = f"c{i:05d}"
+        name = f"{prefix}{i:05d}"
         created.append(name)
         tasks.append(
             asyncio.create_task(
-                front.create(f"/api/v1/namespaces/{ns}/pods", endtoend.pod(name, node)), name=f"bench-churn/+{i}"
+                front.create(f"/api/v1/namespaces/{ns}/pods", endtoend.pod(name, node)), name=f"bench-churn/+{name}"
             )
         )
         if old:
@@ -64,7 +68,7 @@ async def _churn(front: KubeClient, ns: str, node: str, *, rate: float, seconds:
             tasks.append(
                 asyncio.create_task(
                     front.delete(f"/api/v1/namespaces/{ns}/pods/{victim}", params={"gracePeriodSeconds": "0"}),
-                    name=f"bench-churn/-{i}",
+                    name=f"bench-churn/-{victim}",
                 )
             )
     await asyncio.gather(*tasks)
@@ -102,96 +106,110 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
         result["provider_idle_cores_empty"] = round(await cpu.idle_cores(args.idle_window), 4)
         await ensure_namespace(front, ns)
         members = {m: KubeClient(load_kubeconfig(lab.kubeconfig(m))) for m in endtoend.members(lab)}
-        for client in members.values():
-            await client.__aenter__()
-        try:
-            async with endtoend.Phases(front, ns) as phases:
-                watches = [endtoend.Phases(c, member_ns, name_of=_origin) for c in members.values()]
-                for watch in watches:
-                    await watch.__aenter__()
-                try:
-                    # In two halves: RSS after the first half and after the second gives the cost
-                    # of one more pod held, apart from what any burst costs once (connections
-                    # opened, hot sets filled, allocator arenas), which (full - empty) / pods has.
-                    names = [f"p{i:05d}" for i in range(args.pods)]
-                    half = args.pods // 2
-                    started, before, rss_half, ran = time.monotonic(), cpu.seconds(), 0, 0
-                    for part in (names[:half], names[half:]):
-                        await endtoend.create_all(front, ns, [endtoend.pod(n, node) for n in part], limit=50)
-                        ran = await phases.settle("Running", ran + len(part))
-                        if not rss_half:
-                            await asyncio.sleep(args.settle)
-                            rss_half = cpu.rss()
-                    result["running"] = ran  # the rest wait in a member, their reason on the pod
-                    result["all_running_s"] = round(time.monotonic() - started - args.settle, 1)
-                    result["provider_cpu_ms_per_pod_to_running"] = round((cpu.seconds() - before) / args.pods * 1000, 2)
-                    await asyncio.sleep(args.settle)
-                    gc.collect()
-                    rss_full = cpu.rss()
-                    result["provider_rss_mib"] = {
-                        "empty": round(rss_empty / 2**20, 1),
-                        "half": round(rss_half / 2**20, 1),
-                        "with_pods": round(rss_full / 2**20, 1),
-                    }
-                    result["provider_rss_kib_per_pod"] = round((rss_full - rss_empty) / args.pods / 1024, 1)
-                    result["provider_rss_kib_per_added_pod"] = round(
-                        (rss_full - rss_half) / (args.pods - half) / 1024, 1
-                    )
-                    result["provider_idle_cores"] = round(await cpu.idle_cores(args.idle_window), 4)
-                    if os.environ.get("BENCH_MEMTRACE"):  # where the memory goes (bench.memtrace)
-                        traced = await _memtrace(proc.pid)
-                        result["traced_kib_per_pod"] = round((traced - traced_empty) / args.pods / 1024, 2)
-
-                    meter = CpuMeter(
-                        {"bench": os.getpid(), "provider": proc.pid, **lab_pids(state, list(lab.clusters))}
-                    )
-                    meter.start()
-                    before, t0, seen = cpu.seconds(), time.monotonic(), await proc.histograms()
-                    new = await _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names))
-                    await phases.settle("Running", ran + len(new), timeout=300)
-                    result["churn_provider_cores"] = round((cpu.seconds() - before) / (time.monotonic() - t0), 3)
-                    # Near 2 (this machine's cores), the machine was the limit: a slow trip may
-                    # be the provider waiting for a core, not for its own work.
-                    used = meter.stop()
-                    apiservers = sum(v for k, v in used.items() if k.endswith("/kube-apiserver"))
-                    named = ("total", "provider", "bench", "etcd")
-                    result["churn_cores"] = {
-                        **{k: used.get(k, 0.0) for k in named},
-                        "apiservers": round(apiservers, 2),
-                        "rest of the lab": round(
-                            used["total"] - sum(used.get(k, 0.0) for k in named[1:]) - apiservers, 2
-                        ),
-                    }
-                    front_running = dict(phases.times("Running"))
-                    member_running: dict[str, float] = {}
-                    for watch in watches:
-                        member_running.update(watch.times("Running"))
-                    trips = sorted(
-                        (front_running[n] - member_running[n], member_running[n] - t0)
-                        for n in new
-                        if n in member_running
-                    )
-                    result["churn"] = {
-                        "pods_per_s": args.churn,
-                        "seconds": args.seconds,
-                        "round_trip_ms_p50": round(statistics.median(t for t, _ in trips) * 1000, 1),
-                        "round_trip_ms_p99": round(trips[max(0, int(len(trips) * 0.99) - 1)][0] * 1000, 1),
-                        "measured": len(trips),
-                        "started_at": round(t0, 3),  # time.monotonic, as bench.stalls's records
-                        # When the slow trips' pods ran (seconds into the churn): bunched, they
-                        # point to a stall; spread, to a queue.
-                        "slow_at_s": [
-                            round(at, 1) for trip, at in trips if trip > TARGETS["churn.round_trip_ms_p99"] / 1000
-                        ],
-                        "slow_split_ms": _split(lab, ns, new, member_running, front_running),
-                        "provider": _inside(seen, await proc.histograms()),
-                    }
-                finally:
-                    for watch in watches:
-                        await watch.__aexit__(None, None, None)
-        finally:
+        async with contextlib.AsyncExitStack() as stack:
             for client in members.values():
-                await client.__aexit__(None, None, None)
+                await stack.enter_async_context(client)
+            phases = await stack.enter_async_context(endtoend.Phases(front, ns))
+            watches = [
+                await stack.enter_async_context(endtoend.Phases(c, member_ns, name_of=_origin))
+                for c in members.values()
+            ]
+            # In two halves: RSS after the first half and after the second gives the cost
+            # of one more pod held, apart from what any burst costs once (connections
+            # opened, hot sets filled, allocator arenas), which (full - empty) / pods has.
+            names = [f"p{i:05d}" for i in range(args.pods)]
+            half = args.pods // 2
+            started, before, rss_half, ran = time.monotonic(), cpu.seconds(), 0, 0
+            for part in (names[:half], names[half:]):
+                await endtoend.create_all(front, ns, [endtoend.pod(n, node) for n in part], limit=50)
+                ran = await phases.settle("Running", ran + len(part))
+                if not rss_half:
+                    await asyncio.sleep(args.settle)
+                    rss_half = cpu.rss()
+            result["running"] = ran  # the rest wait in a member, their reason on the pod
+            result["all_running_s"] = round(time.monotonic() - started - args.settle, 1)
+            result["provider_cpu_ms_per_pod_to_running"] = round((cpu.seconds() - before) / args.pods * 1000, 2)
+            await asyncio.sleep(args.settle)
+            gc.collect()
+            rss_full = cpu.rss()
+            result["provider_rss_mib"] = {
+                "empty": round(rss_empty / 2**20, 1),
+                "half": round(rss_half / 2**20, 1),
+                "with_pods": round(rss_full / 2**20, 1),
+            }
+            result["provider_rss_kib_per_pod"] = round((rss_full - rss_empty) / args.pods / 1024, 1)
+            result["provider_rss_kib_per_added_pod"] = round((rss_full - rss_half) / (args.pods - half) / 1024, 1)
+            result["provider_idle_cores"] = round(await cpu.idle_cores(args.idle_window), 4)
+            if os.environ.get("BENCH_MEMTRACE"):  # where the memory goes (bench.memtrace)
+                traced = await _memtrace(proc.pid)
+                result["traced_kib_per_pod"] = round((traced - traced_empty) / args.pods / 1024, 2)
+
+            floor = await stack.enter_async_context(cpufloor.relay(lab, front))
+            floor_watches = [
+                await stack.enter_async_context(endtoend.Phases(c, floor.namespace)) for c in (front, *members.values())
+            ]
+            meter = CpuMeter(
+                {
+                    "bench": os.getpid(),
+                    "provider": proc.pid,
+                    "floor": floor.proc.pid,
+                    **lab_pids(state, list(lab.clusters)),
+                }
+            )
+            meter.start()
+            before, t0, seen = cpu.seconds(), time.monotonic(), await proc.histograms()
+            with Profile(proc.pid, args.profile):
+                new, floor_new = await asyncio.gather(
+                    _churn(front, ns, node, rate=args.churn, seconds=args.seconds, old=list(names)),
+                    _churn(
+                        front, floor.namespace, floor.node, rate=args.floor, seconds=args.seconds, old=[], prefix="f"
+                    ),
+                )
+            await phases.settle("Running", ran + len(new), timeout=300)
+            await floor_watches[0].settle("Running", len(floor_new), timeout=300)
+            result["churn_provider_cores"] = round((cpu.seconds() - before) / (time.monotonic() - t0), 3)
+            # Near 2 (this machine's cores), the machine was the limit: a slow trip may
+            # be the provider waiting for a core, not for its own work.
+            used = meter.stop()
+            apiservers = sum(v for k, v in used.items() if k.endswith("/kube-apiserver"))
+            named = ("total", "provider", "floor", "bench", "etcd")
+            result["churn_cores"] = {
+                **{k: used.get(k, 0.0) for k in named},
+                "apiservers": round(apiservers, 2),
+                "rest of the lab": round(used["total"] - sum(used.get(k, 0.0) for k in named[1:]) - apiservers, 2),
+            }
+            front_running = dict(phases.times("Running"))
+            member_running = _running(watches)
+            floor_front, floor_member = _running(floor_watches[:1]), _running(floor_watches[1:])
+            floor_trips = _trips(floor_new, floor_front, floor_member, t0)
+            result["churn"] = {
+                "pods_per_s": args.churn,
+                "seconds": args.seconds,
+                **_trip_summary(_trips(new, front_running, member_running, t0)),
+                "started_at": round(t0, 3),  # time.monotonic, as bench.stalls's records
+                "split_ms": _split(lab, ns, set(new), member_running, front_running, endtoend.USER),
+                "slow_split_ms": _split(
+                    lab,
+                    ns,
+                    {n for n in new if slow(n, front_running, member_running)},
+                    member_running,
+                    front_running,
+                    endtoend.USER,
+                ),
+                "provider": _inside(seen, await proc.histograms()),
+                # The same round trip through the floor process (bench.cpufloor), fed
+                # --floor pods/s at the same time: what any relay pays on this lab now.
+                "floor": {
+                    "pods_per_s": args.floor,
+                    **_trip_summary(floor_trips),
+                    "split_ms": _split(lab, floor.namespace, set(floor_new), floor_member, floor_front, cpufloor.USER),
+                },
+            }
+            if floor_trips:
+                result["churn"]["p99_vs_floor"] = round(
+                    result["churn"]["round_trip_ms_p99"] / max(result["churn"]["floor"]["round_trip_ms_p99"], 1.0),
+                    2,
+                )
         result["targets"] = TARGETS
         print(json.dumps(result, indent=2), flush=True)  # before the clean-up, which can take minutes
         if proc.proc is not None and proc.proc.poll() is not None:  # its member pods would never go
@@ -201,26 +219,52 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
     return result
 
 
-def _split(
-    lab: LabState, ns: str, names: list[str], member: dict[str, float], front: dict[str, float]
-) -> dict[str, Any]:
-    """Where the slow round trips (over the target) lost their time, from the front end's audit
-    log: member Running (this process's watch) -> the provider's status patch received by the
-    apiserver (the provider's watch of the member, its queue and its sync) -> the patch answered
-    (the apiserver) -> front-end Running seen by this process's watch. Medians and maxima, ms."""
-    slow = {
-        n
-        for n in names
-        if n in member and n in front and front[n] - member[n] > TARGETS["churn.round_trip_ms_p99"] / 1000
+def _running(watches: list[endtoend.Phases]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for watch in watches:
+        out.update(watch.times("Running"))
+    return out
+
+
+def _trips(names: list[str], front: dict[str, float], member: dict[str, float], t0: float) -> list[tuple[float, float]]:
+    """(member Running -> front-end Running, when it ran in seconds into the churn), sorted."""
+    return sorted((front[n] - member[n], member[n] - t0) for n in names if n in member and n in front)
+
+
+def slow(name: str, front: dict[str, float], member: dict[str, float]) -> bool:
+    return name in front and name in member and front[name] - member[name] > TARGETS["churn.round_trip_ms_p99"] / 1000
+
+
+def _trip_summary(trips: list[tuple[float, float]]) -> dict[str, Any]:
+    if not trips:
+        return {"measured": 0}
+    return {
+        "round_trip_ms_p50": round(statistics.median(t for t, _ in trips) * 1000, 1),
+        "round_trip_ms_p99": round(trips[max(0, int(len(trips) * 0.99) - 1)][0] * 1000, 1),
+        "round_trip_ms_max": round(trips[-1][0] * 1000, 1),
+        "measured": len(trips),
+        # When the slow trips' pods ran (seconds into the churn): bunched, they point to a
+        # stall; spread, to a queue.
+        "slow_at_s": [round(at, 1) for trip, at in trips if trip > TARGETS["churn.round_trip_ms_p99"] / 1000],
     }
-    if not slow:
+
+
+def _split(
+    lab: LabState, ns: str, names: set[str], member: dict[str, float], front: dict[str, float], user: str
+) -> dict[str, Any]:
+    """Where the round trips of `names` lost their time, from the front end's audit log: member
+    Running (this process's watch) -> the status patch received by the apiserver (the relay's
+    watch of the member, its queue and its work) -> the patch answered (the apiserver) ->
+    front-end Running seen by this process's watch. p50, p99 and max, ms."""
+    names = {n for n in names if n in member and n in front}
+    if not names:
         return {}
     wall = time.time() - time.monotonic()  # audit stamps are wall-clock times; ours monotonic
     patch: dict[str, audit.AuditRecord] = {}
-    for rec in audit.records(lab, "offline", users={endtoend.USER}):
+    for rec in audit.records(lab, "offline", users={user}):
         # the last status patch the front end answered before the pod was seen Running
         if (
-            rec.name in slow
+            rec.name in names
             and rec.namespace == ns
             and (rec.verb, rec.subresource) == ("patch", "status")
             and rec.completed - wall <= front[rec.name]
@@ -231,10 +275,15 @@ def _split(
         parts["to_patch"].append(rec.received - wall - member[name])
         parts["apiserver"].append(rec.completed - rec.received)
         parts["front_watch"].append(front[name] - (rec.completed - wall))
-    out: dict[str, Any] = {"pods": len(slow), "patches_found": len(patch)}
+    out: dict[str, Any] = {"pods": len(names), "patches_found": len(patch)}
     for part, values in parts.items():
         if values:
-            out[part] = {"p50": round(statistics.median(values) * 1000, 1), "max": round(max(values) * 1000, 1)}
+            values.sort()
+            out[part] = {
+                "p50": round(statistics.median(values) * 1000, 1),
+                "p99": round(values[max(0, int(len(values) * 0.99) - 1)] * 1000, 1),
+                "max": round(values[-1] * 1000, 1),
+            }
     return out
 
 
@@ -246,6 +295,7 @@ def _inside(before: dict[str, dict[float, float]], after: dict[str, dict[float, 
         ("sync", 'vkprovider_pod_sync_seconds{result="ok"}'),
         ("queue_wait", 'vkprovider_workqueue_wait_seconds{queue="pods"}'),
         ("loop_lag", "vkprovider_event_loop_lag_seconds{}"),
+        ("status_lag", "vkprovider_status_lag_seconds{}"),
     ):
         for q in (0.5, 0.99, 1.0):
             bound = bucket_quantile(before.get(name, {}), after.get(name, {}), q)
@@ -273,6 +323,10 @@ def main() -> None:
     )
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds over which idle CPU is read")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
+    parser.add_argument(
+        "--floor", type=float, default=4.0, help="pods/s fed to the floor process during the churn, for comparison"
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the churn, to FILE")
     args = parser.parse_args()
     spec = lab_mod.LabSpec(members=3, nodes_per_member=40)
     asyncio.run(on_lab(args.state, spec, lambda state, workdir: run(state, workdir, args)))

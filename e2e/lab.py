@@ -26,7 +26,7 @@ import yaml
 
 from e2e import binaries, components, kubeconfig, nodes, pki, ports, procs, state
 from e2e.state import ClusterState, LabState, ProcessState
-from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, load_kubeconfig
+from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, Unreachable, load_kubeconfig
 
 CRD_DIR = Path(__file__).parent / "crds"
 STAGES = Path(__file__).parent / "kwok" / "stages.yaml"
@@ -191,9 +191,26 @@ async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
 # -- bootstrap objects ---------------------------------------------------------------------------
 
 
+#: How long a bootstrap call is tried again while the apiserver, ready a moment ago, cannot be
+#: reached: once, a 5 s connect timed out on a loaded machine just after /readyz said ok.
+BOOTSTRAP_RETRY = 60.0
+
+
+async def _patiently(call: Callable[[], Awaitable[Any]], what: str) -> Any:
+    deadline = time.monotonic() + BOOTSTRAP_RETRY
+    while True:
+        try:
+            return await call()
+        except Unreachable as exc:
+            if time.monotonic() > deadline:
+                raise
+            _say(f"{what}: {exc}; trying again")
+            await asyncio.sleep(1.0)
+
+
 async def _create(client: KubeClient, path: str, body: dict[str, Any]) -> None:
     with contextlib.suppress(AlreadyExists):
-        await client.create(path, body)
+        await _patiently(lambda: client.create(path, body), f"POST {path}")
 
 
 async def _install_crds(client: KubeClient) -> None:
@@ -204,7 +221,8 @@ async def _install_crds(client: KubeClient) -> None:
         await _create(client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     for name in names:
         for _ in range(300):
-            crd = await client.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            url = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            crd = await _patiently(lambda: client.get(url), f"GET {url}")  # noqa: B023 (awaited at once)
             conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
             if conditions.get("Established") == "True":
                 break

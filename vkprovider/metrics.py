@@ -63,6 +63,13 @@ class Metrics:
             buckets=SYNC_BUCKETS,
             registry=r,
         )
+        self.status_lag_seconds = Histogram(
+            "vkprovider_status_lag_seconds",
+            "From a change the provider reported for a pod to the status it made written to the API: "
+            "the queue, the sync and the write.",
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
         self.loop_lag_seconds = Histogram(
             "vkprovider_event_loop_lag_seconds",
             "How late the event loop woke a timer: time every task waited for one that held the loop.",

@@ -85,6 +85,7 @@ class PodController:
             provider.read_pod_cache(self.cache)
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling = Settling(settings)  # when a new pod's first status write is due
+        self._changed: dict[str, float] = {}  # key -> when the provider reported a change to sync
         self._listed: set[str] = set()
         #: Keys whose sync found the API unreachable: synced again once a list succeeds.
         self._parked: set[str] = set()
@@ -213,6 +214,7 @@ class PodController:
         key = pod_key(pod)
         # In a burst, each member change of a new pod (our create's echo, the bind) was a sync.
         if not self._settling.absorbs(key, pod.get("status", {}).get("phase"), due=self.queue.due(key)):
+            self._changed.setdefault(key, time.perf_counter())
             self.queue.add(key)
 
     async def _poll_statuses(self) -> None:
@@ -234,6 +236,7 @@ class PodController:
     async def sync(self, key: str) -> None:
         """Bring one pod's provider state and API status in line; raises to be retried."""
         namespace, name = split_key(key)
+        changed = self._changed.pop(key, None)  # a change arriving from here on runs the sync again
         pod = self.cache.get(key)
         if pod is None and not self._listed >= set(self._nodes):
             # Not in the cache proves nothing before every node's pods are listed (a provider
@@ -300,6 +303,8 @@ class PodController:
                 return
             first_end = not podstatus.is_terminal(pod)
             await self._write_status(pod, desired, annotations=annotations)
+            if changed is not None:
+                self._metrics.status_lag_seconds.observe(time.perf_counter() - changed)
             if first_end and (desired.get("reason") == "Evicted" or podstatus.disrupted(desired)):
                 reason = desired.get("reason") or "Disrupted"
                 await self._events.emit(pod, reason=reason, message=desired.get("message", ""), warning=True)

@@ -707,7 +707,8 @@ async def _status_writes(client: KubeClient, ns: str, name: str, until: str) -> 
 async def test_a_pod_that_starts_at_once_is_reported_once(offline: KubeClient, vk: Any) -> None:
     """A new pod's first status write waits up to pods.status_settle (1 s) while it is Pending:
     one that runs within that time is written once, as Running; a slower one is shown Pending
-    (with the host IP) first."""
+    (with the host IP) first. The slow one's Running, a change the provider reported after the
+    first write, is timed in vkprovider_status_lag_seconds."""
     quick = vk(**{"provider.memory.startup_delay": 0.3})
     slow = vk(**{"provider.memory.startup_delay": 3.0})
     quick.start()
@@ -721,6 +722,8 @@ async def test_a_pod_that_starts_at_once_is_reported_once(offline: KubeClient, v
             await asyncio.sleep(0.3)
             await offline.create(f"/api/v1/namespaces/{ns}/pods", vk_pod(name, proc.node))
             assert await asyncio.wait_for(watching, timeout=40) == expected
+        lag = await slow.metric("vkprovider_status_lag_seconds_count")
+        assert lag >= 1, lag
     finally:
         await delete_namespace(offline, ns)
 
