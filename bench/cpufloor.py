@@ -176,8 +176,8 @@ async def relay(lab: LabState, front: KubeClient, *, count: int = 10**9) -> Asyn
     argv = ["serve", "--front", config("offline"), "--node", node, "--namespace", ns, "--count", str(count)]
     argv += itertools.chain.from_iterable(("--member", config(m)) for m in names)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.cpufloor", *argv, stdout=asyncio.subprocess.PIPE
-    )
+        sys.executable, "-m", "bench.cpufloor", *argv, stdout=asyncio.subprocess.PIPE, start_new_session=True
+    )  # its own CPU share, as the provider's (bench.common.Provider)
     try:
         assert proc.stdout is not None
         await asyncio.wait_for(proc.stdout.readline(), 60)
