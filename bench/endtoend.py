@@ -221,8 +221,13 @@ async def clean(lab: LabState, front: KubeClient, namespace: str, *, timeout: fl
 
 
 @asynccontextmanager
-async def provider(lab: LabState, workdir: Path, node: str, **federation: Any) -> Any:
+async def provider(
+    lab: LabState, workdir: Path, node: str, *, pods: dict[str, Any] | None = None, **federation: Any
+) -> Any:
+    """The provider on `node`, federation settings from `federation`, pod controller ones from `pods`."""
     config = provider_config(lab, node, **federation)
+    if pods:
+        config["pods"] = pods
     count = len(members(lab))
 
     async def ready(session: aiohttp.ClientSession, port: int) -> bool:

@@ -96,7 +96,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
     member_ns = forge.member_namespace(ns, endtoend.PREFIX)
     result: dict[str, Any] = {"pods": args.pods, "members": len(endtoend.members(lab))}
     async with (
-        endtoend.provider(lab, workdir, node) as proc,
+        endtoend.provider(lab, workdir, node, pods={"workers": args.workers} if args.workers else None) as proc,
         KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front,
     ):
         cpu = endtoend.Cpu(proc.pid)
@@ -323,6 +323,7 @@ def main() -> None:
     )
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds over which idle CPU is read")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
+    parser.add_argument("--workers", type=int, default=0, help="the provider's pods.workers (default: its own)")
     parser.add_argument(
         "--floor", type=float, default=4.0, help="pods/s fed to the floor process during the churn, for comparison"
     )

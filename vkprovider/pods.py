@@ -213,9 +213,12 @@ class PodController:
             return
         key = pod_key(pod)
         # In a burst, each member change of a new pod (our create's echo, the bind) was a sync.
-        if not self._settling.absorbs(key, pod.get("status", {}).get("phase"), due=self.queue.due(key)):
+        phase = pod.get("status", {}).get("phase")
+        if not self._settling.absorbs(key, phase, due=self.queue.due(key)):
             self._changed.setdefault(key, time.perf_counter())
-            self.queue.add(key)
+            # A pod that runs or ended needs one status write: ahead of creates and deletes,
+            # which may each hold a worker for seconds on a slow member.
+            self.queue.add(key, urgent=phase not in (None, "Pending"))
 
     async def _poll_statuses(self) -> None:
         """For providers without push: look at every live pod now and then."""

@@ -6,6 +6,11 @@ earliest deadline. Workers are a fixed pool that call `get` / `done`, so there i
 event however many events arrive. A key made ready wakes one idle worker, and one timer stands
 for all delayed keys: with 64 workers, waking them all on each key (an Event and a timeout
 each) took a fifth of the provider's CPU in a paced run, idle workers racing for one key.
+
+A key added `urgent` goes ahead of the others: a pod whose member reports it running needs one
+status write, and when slow member apiservers hold every worker on creates and deletes for
+seconds, it would otherwise wait behind all of them (10,000 pods under churn: queue waits of
+2.5-10 s at the p99 while a relay without a queue reported within the apiservers' time).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ class WorkQueue:
         observe_wait: Callable[[float], None] | None = None,
     ) -> None:
         self._queue: deque[str] = deque()
+        self._urgent: deque[str] = deque()  # goes first
+        self._lane: dict[str, bool] = {}  # queued key -> urgent; deque entries not matching are stale
+        self._dirty_urgent: set[str] = set()  # added urgent while being processed
         self._since: dict[str, float] = {}  # key -> when it joined the queue, while observed
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
@@ -50,7 +58,7 @@ class WorkQueue:
 
     def __len__(self) -> int:
         """Keys ready to be processed (not counting delayed ones)."""
-        return len(self._queue)
+        return len(self._lane)
 
     @property
     def delayed(self) -> int:
@@ -61,11 +69,12 @@ class WorkQueue:
         not being processed now (a run under way may have read the state before a change)."""
         return key not in self._processing and (key in self._dirty or key in self._deadlines)
 
-    def _ready(self, key: str) -> None:
+    def _ready(self, key: str, urgent: bool) -> None:
         """`key` joins the queue: one idle worker, if any, is woken for it. A woken worker
         always looks at the queue again before it waits, so no wake-up is lost when another
         worker takes the key first."""
-        self._queue.append(key)
+        self._lane[key] = urgent
+        (self._urgent if urgent else self._queue).append(key)
         if self._observe_wait is not None:
             self._since[key] = self._clock()
         self._wake_one()
@@ -77,12 +86,21 @@ class WorkQueue:
                 getter.set_result(None)
                 return
 
-    def add(self, key: str) -> None:
-        if self._shutdown or key in self._dirty:
+    def add(self, key: str, *, urgent: bool = False) -> None:
+        if self._shutdown:
+            return
+        if key in self._dirty:
+            if urgent and key in self._processing:
+                self._dirty_urgent.add(key)
+            elif urgent and self._lane.get(key) is False:
+                self._lane[key] = True  # its entry in the other lane is now stale
+                self._urgent.append(key)
             return
         self._dirty.add(key)
         if key not in self._processing:
-            self._ready(key)
+            self._ready(key, urgent)
+        elif urgent:
+            self._dirty_urgent.add(key)
 
     def add_after(self, key: str, delay: float) -> None:
         if self._shutdown:
@@ -140,8 +158,8 @@ class WorkQueue:
                 raise ShutDown
             if self._waiting and self._waiting[0][0] <= self._clock():
                 self._promote_due()  # due, and its timer not run yet
-            if self._queue:
-                key = self._queue.popleft()
+            key = self._next()
+            if key is not None:
                 self._dirty.discard(key)
                 self._processing.add(key)
                 if self._observe_wait is not None:
@@ -152,14 +170,26 @@ class WorkQueue:
             try:
                 await getter
             except asyncio.CancelledError:
-                if getter.done() and not getter.cancelled() and self._queue:
+                if getter.done() and not getter.cancelled() and self._lane:
                     self._wake_one()  # woken for a key, then cancelled: another worker takes it
                 raise
 
+    def _next(self) -> str | None:
+        """The first queued key, urgent ones first; stale entries are dropped on the way."""
+        for lane, urgent in ((self._urgent, True), (self._queue, False)):
+            while lane:
+                key = lane.popleft()
+                if self._lane.get(key) is urgent:
+                    del self._lane[key]
+                    return key
+        return None
+
     def done(self, key: str) -> None:
         self._processing.discard(key)
+        urgent = key in self._dirty_urgent
+        self._dirty_urgent.discard(key)
         if key in self._dirty:
-            self._ready(key)
+            self._ready(key, urgent)
 
     def shut_down(self) -> None:
         self._shutdown = True

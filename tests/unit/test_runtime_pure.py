@@ -403,3 +403,23 @@ def test_annotation_changes(
     current: dict[str, str] | None, wanted: dict[str, str | None], patch: dict[str, str | None]
 ) -> None:
     assert podstatus.annotation_changes(current, wanted) == patch
+
+
+async def test_queue_urgent_keys_go_first_and_keep_their_lane_through_a_rerun() -> None:
+    queue = WorkQueue()
+    for key in ("a", "b", "c"):
+        queue.add(key)
+    queue.add("c", urgent=True)  # already queued: it moves ahead, once
+    queue.add("d", urgent=True)
+    assert len(queue) == 4
+    assert [await queue.get() for _ in range(2)] == ["c", "d"]
+    queue.add("c", urgent=True)  # while processing: the rerun is urgent too
+    queue.done("c")
+    assert await queue.get() == "c"
+    assert [await queue.get() for _ in range(2)] == ["a", "b"]
+    assert len(queue) == 0
+    for key in ("a", "b", "c", "d"):
+        queue.done(key)
+    queue.add("a")
+    assert await queue.get() == "a"  # the stale entry "c" left in the plain lane is skipped
+    assert len(queue) == 0
