@@ -196,6 +196,13 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                     front_running,
                     endtoend.USER,
                 ),
+                "slow_creates": _creates_late(
+                    lab,
+                    member_ns,
+                    {n for n in new if slow(n, front_running, member_running)},
+                    member_running,
+                    endtoend.USER,
+                ),
                 "provider": _inside(seen, await proc.histograms()),
                 # The same round trip through the floor process (bench.cpufloor), fed
                 # --floor pods/s at the same time: what any relay pays on this lab now.
@@ -285,6 +292,30 @@ def _split(
                 "max": round(values[-1] * 1000, 1),
             }
     return out
+
+
+def _creates_late(
+    lab: LabState, member_ns: str, names: set[str], member: dict[str, float], user: str
+) -> dict[str, Any]:
+    """For the slow trips: how long after the member pod was seen Running (this process's watch)
+    the provider's create of it was answered (the members' audit logs). Above zero, the pod ran
+    while the create was still in flight, and its status waited for that sync."""
+    wall = time.time() - time.monotonic()
+    late = sorted(
+        rec.completed - wall - member[rec.name]
+        for cluster in lab.clusters
+        if cluster != "offline"
+        for rec in audit.records(lab, cluster, users={user})
+        if rec.name in names and rec.namespace == member_ns and rec.verb == "create" and rec.name in member
+    )
+    if not late:
+        return {}
+    return {
+        "creates_found": len(late),
+        "answered_after_running": sum(1 for x in late if x > 0),
+        "ms_p50": round(statistics.median(late) * 1000, 1),
+        "ms_max": round(late[-1] * 1000, 1),
+    }
 
 
 def _inside(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> dict[str, Any]:
