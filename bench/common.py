@@ -197,11 +197,14 @@ def per_pod(before: dict[str, float], after: dict[str, float], pods: int) -> dic
 
 class CpuMeter:
     """How busy each named process was between `start` and `stop`: cores used (1.0 = one full
-    core). On a 2-core machine, a sum near 2 means the machine, not one process, was the limit."""
+    core). On a 2-core machine, a sum near 2 means the machine, not one process, was the limit.
+    Beside the total, the machine's idle cores and its steal (cores the hypervisor gave to
+    others while this machine wanted them), which no process's figure shows."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self._procs = {name: psutil.Process(pid) for name, pid in pids.items() if pid}
         self._before: dict[str, float] = {}
+        self._machine = psutil.cpu_times()
         self._started = 0.0
 
     def _times(self) -> dict[str, float]:
@@ -215,13 +218,17 @@ class CpuMeter:
         return out
 
     def start(self) -> None:
-        self._before, self._started = self._times(), time.monotonic()
+        self._before, self._machine, self._started = self._times(), psutil.cpu_times(), time.monotonic()
 
     def stop(self) -> dict[str, float]:
         wall = time.monotonic() - self._started
         now = self._times()
         cores = {name: round((now[name] - self._before[name]) / wall, 2) for name in now if name in self._before}
         cores["total"] = round(sum(cores.values()), 2)
+        machine = psutil.cpu_times()
+        for field in ("idle", "steal"):
+            spent = getattr(machine, field, 0.0) - getattr(self._machine, field, 0.0)
+            cores[f"machine {field}"] = round(spent / wall, 2)
         return cores
 
 

@@ -414,7 +414,13 @@ async def _end_to_end(state: Path, workdir: Path, args: argparse.Namespace) -> d
 
 
 def _lab_ms_per_pod(run: dict[str, Any]) -> float:
-    lab = float(sum(v for k, v in run["cores"].items() if k not in ("bench", "provider", "total")))
+    lab = float(
+        sum(
+            v
+            for k, v in run["cores"].items()
+            if k not in ("bench", "provider", "total") and not k.startswith("machine")
+        )
+    )
     return round(lab / float(run["pods_per_s"]) * 1000, 2)
 
 

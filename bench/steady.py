@@ -177,6 +177,8 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                 **{k: used.get(k, 0.0) for k in named},
                 "apiservers": round(apiservers, 2),
                 "rest of the lab": round(used["total"] - sum(used.get(k, 0.0) for k in named[1:]) - apiservers, 2),
+                "machine idle": used.get("machine idle", 0.0),
+                "machine steal": used.get("machine steal", 0.0),
             }
             front_running = dict(phases.times("Running"))
             member_running = _running(watches)
