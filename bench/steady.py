@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import math
 import os
 import signal
 import statistics
@@ -184,34 +185,27 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
             member_running = _running(watches)
             floor_front, floor_member = _running(floor_watches[:1]), _running(floor_watches[1:])
             floor_trips = _trips(floor_new, floor_front, floor_member, t0)
+            limit = TARGETS["churn.round_trip_ms_p99"] / 1000
+            slow = {n for n in new if front_running.get(n, 0.0) - member_running.get(n, math.inf) > limit}
+            # the front end's audit log, read once for the three splits
+            front_audit = audit.records(lab, "offline", users={endtoend.USER, cpufloor.USER})
             result["churn"] = {
                 "pods_per_s": args.churn,
                 "seconds": args.seconds,
                 **_trip_summary(_trips(new, front_running, member_running, t0)),
                 "started_at": round(t0, 3),  # time.monotonic, as bench.stalls's records
-                "split_ms": _split(lab, ns, set(new), member_running, front_running, endtoend.USER),
-                "slow_split_ms": _split(
-                    lab,
-                    ns,
-                    {n for n in new if slow(n, front_running, member_running)},
-                    member_running,
-                    front_running,
-                    endtoend.USER,
-                ),
-                "slow_creates": _creates_late(
-                    lab,
-                    member_ns,
-                    {n for n in new if slow(n, front_running, member_running)},
-                    member_running,
-                    endtoend.USER,
-                ),
+                "split_ms": _split(front_audit, ns, set(new), member_running, front_running, endtoend.USER),
+                "slow_split_ms": _split(front_audit, ns, slow, member_running, front_running, endtoend.USER),
+                "slow_creates": _creates_late(lab, member_ns, slow, member_running, endtoend.USER),
                 "provider": _inside(seen, await proc.histograms()),
                 # The same round trip through the floor process (bench.cpufloor), fed
                 # --floor pods/s at the same time: what any relay pays on this lab now.
                 "floor": {
                     "pods_per_s": args.floor,
                     **_trip_summary(floor_trips),
-                    "split_ms": _split(lab, floor.namespace, set(floor_new), floor_member, floor_front, cpufloor.USER),
+                    "split_ms": _split(
+                        front_audit, floor.namespace, set(floor_new), floor_member, floor_front, cpufloor.USER
+                    ),
                 },
             }
             if floor_trips:
@@ -240,8 +234,8 @@ def _trips(names: list[str], front: dict[str, float], member: dict[str, float], 
     return sorted((front[n] - member[n], member[n] - t0) for n in names if n in member and n in front)
 
 
-def slow(name: str, front: dict[str, float], member: dict[str, float]) -> bool:
-    return name in front and name in member and front[name] - member[name] > TARGETS["churn.round_trip_ms_p99"] / 1000
+def _p99(ordered: list[float]) -> float:
+    return ordered[max(0, int(len(ordered) * 0.99) - 1)]
 
 
 def _trip_summary(trips: list[tuple[float, float]]) -> dict[str, Any]:
@@ -249,7 +243,7 @@ def _trip_summary(trips: list[tuple[float, float]]) -> dict[str, Any]:
         return {"measured": 0}
     return {
         "round_trip_ms_p50": round(statistics.median(t for t, _ in trips) * 1000, 1),
-        "round_trip_ms_p99": round(trips[max(0, int(len(trips) * 0.99) - 1)][0] * 1000, 1),
+        "round_trip_ms_p99": round(_p99([t for t, _ in trips]) * 1000, 1),
         "round_trip_ms_max": round(trips[-1][0] * 1000, 1),
         "measured": len(trips),
         # When the slow trips' pods ran (seconds into the churn): bunched, they point to a
@@ -259,21 +253,27 @@ def _trip_summary(trips: list[tuple[float, float]]) -> dict[str, Any]:
 
 
 def _split(
-    lab: LabState, ns: str, names: set[str], member: dict[str, float], front: dict[str, float], user: str
+    records: list[audit.AuditRecord],
+    ns: str,
+    names: set[str],
+    member: dict[str, float],
+    front: dict[str, float],
+    user: str,
 ) -> dict[str, Any]:
-    """Where the round trips of `names` lost their time, from the front end's audit log: member
-    Running (this process's watch) -> the status patch received by the apiserver (the relay's
-    watch of the member, its queue and its work) -> the patch answered (the apiserver) ->
+    """Where the round trips of `names` lost their time, from the front end's audit `records`
+    of `user`: member Running (this process's watch) -> the status patch received by the
+    apiserver (the relay's watch of the member, its queue and its work) -> the patch answered (the apiserver) ->
     front-end Running seen by this process's watch. p50, p99 and max, ms."""
     names = {n for n in names if n in member and n in front}
     if not names:
         return {}
     wall = time.time() - time.monotonic()  # audit stamps are wall-clock times; ours monotonic
     patch: dict[str, audit.AuditRecord] = {}
-    for rec in audit.records(lab, "offline", users={user}):
+    for rec in records:
         # the last status patch the front end answered before the pod was seen Running
         if (
-            rec.name in names
+            rec.user == user
+            and rec.name in names
             and rec.namespace == ns
             and (rec.verb, rec.subresource) == ("patch", "status")
             and rec.completed - wall <= front[rec.name]
@@ -290,7 +290,7 @@ def _split(
             values.sort()
             out[part] = {
                 "p50": round(statistics.median(values) * 1000, 1),
-                "p99": round(values[max(0, int(len(values) * 0.99) - 1)] * 1000, 1),
+                "p99": round(_p99(values) * 1000, 1),
                 "max": round(values[-1] * 1000, 1),
             }
     return out

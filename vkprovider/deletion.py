@@ -6,6 +6,7 @@ with `vkprovider.pods`."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from vkprovider.objects import Pod, PodStatus, pod_key, split_key
@@ -32,8 +33,9 @@ async def delete_in_provider(provider: PodLifecycle, key: str, pod: Pod) -> tupl
     return False, remote.get("status")
 
 
-async def delete_orphans(provider: PodLifecycle, cache: PodStore[Pod], log: Any) -> None:
-    """Provider pods with no pod of the same UID in `cache` (the API's pods, fully listed)."""
+async def delete_orphans(provider: PodLifecycle, cache: PodStore[Pod], listed: asyncio.Event, log: Any) -> None:
+    """Once `listed` (the API's pods fully in `cache`): provider pods with no pod of the same UID."""
+    await listed.wait()
     try:
         owned = await provider.list_pods()
     except ProviderError as exc:

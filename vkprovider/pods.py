@@ -60,6 +60,15 @@ def pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
+async def poll_statuses(cache: PodStore[Pod], queue: WorkQueue, interval: float) -> None:
+    """For providers without push: look at every live pod now and then."""
+    while True:
+        await asyncio.sleep(interval)
+        for key, entry in cache.entries():
+            if entry.phase not in podstatus.TERMINAL_PHASES:
+                queue.add(key)
+
+
 class PodController:
     def __init__(
         self,
@@ -85,7 +94,6 @@ class PodController:
             provider.read_pod_cache(self.cache)
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling = Settling(settings)  # when a new pod's first status write is due
-        self._changed: dict[str, float] = {}  # key -> when the provider reported a change to sync
         self._listed: set[str] = set()
         #: Keys whose sync found the API unreachable: synced again once a list succeeds.
         self._parked: set[str] = set()
@@ -215,31 +223,17 @@ class PodController:
         # In a burst, each member change of a new pod (our create's echo, the bind) was a sync.
         phase = pod.get("status", {}).get("phase")
         if not self._settling.absorbs(key, phase, due=self.queue.due(key)):
-            self._changed.setdefault(key, time.perf_counter())
+            self._settling.reported(key)
             # A pod that runs or ended needs one status write: ahead of creates and deletes,
             # which may each hold a worker for seconds on a slow member.
             self.queue.add(key, urgent=phase not in (None, "Pending"))
-
-    async def _poll_statuses(self) -> None:
-        """For providers without push: look at every live pod now and then."""
-        while True:
-            await asyncio.sleep(self._settings.status_poll_interval)
-            assert self.queue is not None
-            for key, entry in self.cache.entries():
-                if entry.phase not in podstatus.TERMINAL_PHASES:
-                    self.queue.add(key)
-
-    async def _cleanup_orphans(self) -> None:
-        """Once, after the first full list: provider pods with no API pod of the same UID."""
-        await self.ready.wait()
-        await delete_orphans(self._provider, self.cache, self._log)
 
     # -- sync ------------------------------------------------------------------------------------
 
     async def sync(self, key: str) -> None:
         """Bring one pod's provider state and API status in line; raises to be retried."""
         namespace, name = split_key(key)
-        changed = self._changed.pop(key, None)  # a change arriving from here on runs the sync again
+        changed = self._settling.reported_at(key)  # one arriving from here on runs the sync again
         pod = self.cache.get(key)
         if pod is None and not self._listed >= set(self._nodes):
             # Not in the cache proves nothing before every node's pods are listed (a provider
@@ -291,13 +285,8 @@ class PodController:
             await self._provider.update_pod(pod)
         provided = remote.get("status", {})
         desired = podstatus.desired_status(pod, provided, host_ip=self._host_ip)
-        annotations = (
-            podstatus.annotation_changes(
-                pod["metadata"].get("annotations"), self._annotator.pod_annotations(namespace, name)
-            )
-            if self._annotator is not None
-            else {}
-        )
+        wanted = self._annotator.pod_annotations(namespace, name) if self._annotator is not None else None
+        annotations = podstatus.annotation_changes(pod["metadata"].get("annotations"), wanted) if wanted else {}
         if podstatus.status_differs(pod.get("status", {}), desired) or annotations:
             wait = self._settling.wait(key, desired, asyncio.get_running_loop().time())
             if wait > 0:
@@ -413,8 +402,10 @@ class PodController:
         if isinstance(self._provider, PodNotifier):
             self._provider.notify_pods(self._on_provider_change)
         else:
-            tasks.append(asyncio.create_task(self._poll_statuses(), name="pods/poll"))
-        tasks.append(asyncio.create_task(self._cleanup_orphans(), name="pods/cleanup"))
+            poll = poll_statuses(self.cache, self.queue, self._settings.status_poll_interval)
+            tasks.append(asyncio.create_task(poll, name="pods/poll"))
+        orphans = delete_orphans(self._provider, self.cache, self.ready, self._log)
+        tasks.append(asyncio.create_task(orphans, name="pods/cleanup"))
         try:
             await asyncio.gather(*tasks, failure)
         finally:

@@ -6,10 +6,13 @@ for their first write than there are workers) up to `status_settle_burst`, where
 write would take the API's time from the creates behind it and most pods run before it is due.
 Running or a failure is written at once: the controller asks again on every provider change,
 but for one that says the pod is still Pending while a run is already due.
-Pure bookkeeping on loop times; the controller owns the queue and the writes.
+It also keeps when a change that wakes a sync was reported, for the status lag (the change to
+its write). Pure bookkeeping on times; the controller owns the queue and the writes.
 """
 
 from __future__ import annotations
+
+import time
 
 from vkprovider.objects import PodStatus
 from vkprovider.settings import PodSettings
@@ -19,6 +22,7 @@ class Settling:
     def __init__(self, settings: PodSettings) -> None:
         self._settings = settings
         self._created: dict[str, float] = {}  # key -> loop time its pod was created in the provider
+        self._reported: dict[str, float] = {}  # key -> when a change waking its sync was reported
 
     def created(self, key: str, now: float) -> None:
         if self._settings.status_settle > 0:  # 0: every first write at once
@@ -32,6 +36,15 @@ class Settling:
         """A provider change saying the pod is `phase` needs no run of its own: it leaves the
         pod Pending before its first write, and a run that will see it is `due` anyway."""
         return phase == "Pending" and due and self.settling(key)
+
+    def reported(self, key: str) -> None:
+        """A provider change woke the key's sync: the first since its last sync began counts."""
+        self._reported.setdefault(key, time.perf_counter())
+
+    def reported_at(self, key: str) -> float | None:
+        """When the change this sync answers was reported (None: not one); a change reported
+        from now on counts for the next sync."""
+        return self._reported.pop(key, None)
 
     def forget(self, key: str) -> None:
         self._created.pop(key, None)

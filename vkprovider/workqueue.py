@@ -37,8 +37,8 @@ class WorkQueue:
     ) -> None:
         self._queue: deque[str] = deque()
         self._urgent: deque[str] = deque()  # goes first
-        self._lane: dict[str, bool] = {}  # queued key -> urgent; deque entries not matching are stale
-        self._dirty_urgent: set[str] = set()  # added urgent while being processed
+        self._queued: set[str] = set()  # keys in a lane; an entry for another is stale
+        self._pressing: set[str] = set()  # keys whose next run is urgent
         self._since: dict[str, float] = {}  # key -> when it joined the queue, while observed
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
@@ -58,7 +58,7 @@ class WorkQueue:
 
     def __len__(self) -> int:
         """Keys ready to be processed (not counting delayed ones)."""
-        return len(self._lane)
+        return len(self._queued)
 
     @property
     def delayed(self) -> int:
@@ -69,12 +69,12 @@ class WorkQueue:
         not being processed now (a run under way may have read the state before a change)."""
         return key not in self._processing and (key in self._dirty or key in self._deadlines)
 
-    def _ready(self, key: str, urgent: bool) -> None:
+    def _ready(self, key: str) -> None:
         """`key` joins the queue: one idle worker, if any, is woken for it. A woken worker
         always looks at the queue again before it waits, so no wake-up is lost when another
         worker takes the key first."""
-        self._lane[key] = urgent
-        (self._urgent if urgent else self._queue).append(key)
+        self._queued.add(key)
+        (self._urgent if key in self._pressing else self._queue).append(key)
         if self._observe_wait is not None:
             self._since[key] = self._clock()
         self._wake_one()
@@ -89,18 +89,15 @@ class WorkQueue:
     def add(self, key: str, *, urgent: bool = False) -> None:
         if self._shutdown:
             return
+        if urgent and key not in self._pressing:
+            self._pressing.add(key)
+            if key in self._queued:
+                self._urgent.append(key)  # ahead now; its plain entry is stale
         if key in self._dirty:
-            if urgent and key in self._processing:
-                self._dirty_urgent.add(key)
-            elif urgent and self._lane.get(key) is False:
-                self._lane[key] = True  # its entry in the other lane is now stale
-                self._urgent.append(key)
             return
         self._dirty.add(key)
         if key not in self._processing:
-            self._ready(key, urgent)
-        elif urgent:
-            self._dirty_urgent.add(key)
+            self._ready(key)
 
     def add_after(self, key: str, delay: float) -> None:
         if self._shutdown:
@@ -170,7 +167,7 @@ class WorkQueue:
             try:
                 await getter
             except asyncio.CancelledError:
-                if getter.done() and not getter.cancelled() and self._lane:
+                if getter.done() and not getter.cancelled() and self._queued:
                     self._wake_one()  # woken for a key, then cancelled: another worker takes it
                 raise
 
@@ -179,17 +176,16 @@ class WorkQueue:
         for lane, urgent in ((self._urgent, True), (self._queue, False)):
             while lane:
                 key = lane.popleft()
-                if self._lane.get(key) is urgent:
-                    del self._lane[key]
+                if key in self._queued and (key in self._pressing) is urgent:
+                    self._queued.discard(key)
+                    self._pressing.discard(key)
                     return key
         return None
 
     def done(self, key: str) -> None:
         self._processing.discard(key)
-        urgent = key in self._dirty_urgent
-        self._dirty_urgent.discard(key)
         if key in self._dirty:
-            self._ready(key, urgent)
+            self._ready(key)
 
     def shut_down(self) -> None:
         self._shutdown = True
