@@ -585,6 +585,7 @@ async def test_leader_election_hands_over_without_double_writes(lab: Lab, offlin
         proc: VkProcess = vk(
             node, **settings, **{"kube.kubeconfig": str(identities[r][0]), "leader_election.identity": users[r]}
         )
+        proc.replica = r
         return proc
 
     first = replica("a")
@@ -631,7 +632,8 @@ async def test_leader_election_hands_over_without_double_writes(lab: Lab, offlin
         third.port = first.port
         third.start()
         await eventually(lambda: _logged(third, "waiting for the leader lease"), timeout=30, what="third waiting")
-        churn = asyncio.create_task(_churn(offline, ns, node), name="test/churn")
+        stop_churn = asyncio.Event()
+        churn = asyncio.create_task(_churn(offline, ns, node, stop_churn), name="test/churn")
         try:
             await asyncio.sleep(3)
             await offline.delete(identities["b"][1])  # the second leader's right to its Lease
@@ -641,11 +643,15 @@ async def test_leader_election_hands_over_without_double_writes(lab: Lab, offlin
             await third.wait_ready(timeout=60)
             await asyncio.sleep(3)
         finally:
-            churn.cancel()
+            stop_churn.set()  # not cancel: a create cut off in flight may land uncounted
             created = await asyncio.gather(churn, return_exceptions=True)
         count = 2 + len(created[0]) if isinstance(created[0], list) else None
         assert count is not None and count > 2, f"the churn did not run: {created}"
-        await eventually(lambda: running(offline, ns, count), timeout=60, what="every churned pod running")
+        try:
+            await eventually(lambda: running(offline, ns, count), timeout=60, what="every churned pod running")
+        except AssertionError as failed:
+            story = await _stragglers(offline, ns, count, [first, second, third])
+            raise AssertionError(f"{failed}\n{story}") from None
 
         stepped_down = _log_time(second, "stepping down")
         assert stepped_down is not None and stepped_down >= revoked, second.tail()
@@ -665,6 +671,22 @@ async def test_leader_election_hands_over_without_double_writes(lab: Lab, offlin
         await delete_namespace(offline, election_ns)
 
 
+async def _stragglers(client: KubeClient, ns: str, count: int, replicas: list[VkProcess]) -> str:
+    """The pods not Running, and what each replica's log says of them: a failure's story."""
+    lines = [
+        f"{p.replica} {line}" for p in replicas if p.log_path.exists() for line in p.log_path.read_text().splitlines()
+    ]
+    items = await pods(client, ns)
+    told = [f"{len(items)} pods, {count} expected"]
+    for item in items:
+        name, status = item["metadata"]["name"], item.get("status", {})
+        if status.get("phase") == "Running":
+            continue
+        told.append(f"{name}: {status.get('phase')} {status.get('reason', '')} {status.get('conditions', [])}")
+        told.extend(f"  {line}" for line in lines if f"/{name}" in line or f'"{name}"' in line)
+    return "\n".join(told)
+
+
 async def _logged(proc: VkProcess, event: str) -> bool:
     return proc.log_path.exists() and _log_time(proc, event) is not None
 
@@ -674,17 +696,16 @@ async def _phase(client: KubeClient, ns: str, name: str, phase: str) -> bool:
     return bool(item.get("status", {}).get("phase") == phase)
 
 
-async def _churn(client: KubeClient, ns: str, node: str) -> list[str]:
-    """Create a pod every half second until cancelled; the names created."""
+async def _churn(client: KubeClient, ns: str, node: str, stop: asyncio.Event) -> list[str]:
+    """Create a pod every half second until `stop` is set; the names created."""
     names: list[str] = []
-    try:
-        while True:
-            name = f"churn-{len(names):03d}"
-            await client.create(f"/api/v1/namespaces/{ns}/pods", vk_pod(name, node))
-            names.append(name)
-            await asyncio.sleep(0.5)
-    except asyncio.CancelledError:
-        return names
+    while not stop.is_set():
+        name = f"churn-{len(names):03d}"
+        await client.create(f"/api/v1/namespaces/{ns}/pods", vk_pod(name, node))
+        names.append(name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    return names
 
 
 async def _status_writes(client: KubeClient, ns: str, name: str, until: str) -> list[str]:

@@ -38,6 +38,8 @@ class VkProcess:
     health_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    #: The log file's name when replicas of one node run side by side (each its own log).
+    replica: str = ""
 
     @property
     def state_file(self) -> Path:
@@ -45,7 +47,7 @@ class VkProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.workdir / f"{self.node}.log"
+        return self.workdir / f"{self.node}{'-' + self.replica if self.replica else ''}.log"
 
     def config(self) -> Path:
         config: dict[str, Any] = {
