@@ -58,8 +58,9 @@ class Metrics:
         )
         self.queue_wait_seconds = Histogram(
             "vkprovider_workqueue_wait_seconds",
-            "Time a key waited in a work queue before a worker took it.",
-            ["queue"],
+            "Time a key waited in a work queue before a worker took it, by lane (urgent: a pod the "
+            "provider reports running or ended).",
+            ["queue", "lane"],
             buckets=SYNC_BUCKETS,
             registry=r,
         )

@@ -348,12 +348,12 @@ class PodController:
 
     # -- workers ---------------------------------------------------------------------------------
 
-    async def _worker(self) -> None:
+    async def _worker(self, urgent_only: bool = False) -> None:
         assert self.queue is not None
         queue = self.queue
         while True:
             try:
-                key = await queue.get()
+                key = await queue.get(urgent_only=urgent_only)
             except ShutDown:
                 return
             started = time.perf_counter()
@@ -387,11 +387,14 @@ class PodController:
                 self._metrics.sync_seconds.labels(result).observe(time.perf_counter() - started)
                 self._metrics.queue_depth.labels("pods").set(len(queue))
 
+    def _observe_wait(self, seconds: float, urgent: bool) -> None:
+        self._metrics.queue_wait_seconds.labels("pods", "urgent" if urgent else "plain").observe(seconds)
+
     async def run(self) -> None:
         """Watch, sync and clean up until cancelled."""
         self.queue = WorkQueue(
             backoff=ExponentialBackoff(base=0.05, cap=self._settings.retry_cap),
-            observe_wait=self._metrics.queue_wait_seconds.labels("pods").observe,
+            observe_wait=self._observe_wait,
         )
         failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._failure = failure
@@ -399,6 +402,10 @@ class PodController:
         if not self._nodes:
             self.ready.set()
         tasks = [asyncio.create_task(self._worker(), name=f"pods/worker/{i}") for i in range(self._settings.workers)]
+        tasks += [
+            asyncio.create_task(self._worker(urgent_only=True), name=f"pods/status-worker/{i}")
+            for i in range(self._settings.status_workers)
+        ]
         if isinstance(self._provider, PodNotifier):
             self._provider.notify_pods(self._on_provider_change)
         else:

@@ -57,6 +57,13 @@ class PodSettings(_Section):
         "request, so this over the apiservers' latency bounds the pods per second: 64 at 300 ms is 100 "
         "syncs a second, two per pod (the member create, the front-end status).",
     )
+    status_workers: int = Field(
+        8,
+        ge=0,
+        description="Workers beside those that sync only pods whose provider reports them running or "
+        "ended: their one status write never waits for a worker while creates and deletes on slow members "
+        "hold all the others.",
+    )
     status_settle: float = Field(
         1.0,
         ge=0,

@@ -11,6 +11,8 @@ A key added `urgent` goes ahead of the others: a pod whose member reports it run
 status write, and when slow member apiservers hold every worker on creates and deletes for
 seconds, it would otherwise wait behind all of them (10,000 pods under churn: queue waits of
 2.5-10 s at the p99 while a relay without a queue reported within the apiservers' time).
+Going first is not enough when every worker is held by such a call: a worker that calls
+`get(urgent_only=True)` serves the urgent lane alone, so a few of them are always free for it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class WorkQueue:
         *,
         backoff: ExponentialBackoff | None = None,
         clock: Callable[[], float] | None = None,
-        observe_wait: Callable[[float], None] | None = None,
+        observe_wait: Callable[[float, bool], None] | None = None,
     ) -> None:
         self._queue: deque[str] = deque()
         self._urgent: deque[str] = deque()  # goes first
@@ -47,13 +49,14 @@ class WorkQueue:
         self._seq = 0
         self._loop = asyncio.get_running_loop()
         self._getters: deque[asyncio.Future[None]] = deque()  # idle workers, first come first woken
+        self._urgent_getters: deque[asyncio.Future[None]] = deque()  # idle workers of the urgent lane only
         self._timer: asyncio.TimerHandle | None = None  # for the earliest delayed key
         self._timer_at: float | None = None  # its deadline, on `clock`
         self._shutdown = False
         self._clock = clock or self._loop.time
         self.backoff = backoff or ExponentialBackoff()
-        #: Called with the seconds each key waited in the queue before a worker took it: the
-        #: part of a sync's latency that is the workers' fault, apart from the sync itself.
+        #: Called with the seconds each key waited in the queue before a worker took it, and
+        #: whether it was urgent: the part of a sync's latency that is the workers' fault.
         self._observe_wait = observe_wait
 
     def __len__(self) -> int:
@@ -74,17 +77,21 @@ class WorkQueue:
         always looks at the queue again before it waits, so no wake-up is lost when another
         worker takes the key first."""
         self._queued.add(key)
-        (self._urgent if key in self._pressing else self._queue).append(key)
+        urgent = key in self._pressing
+        (self._urgent if urgent else self._queue).append(key)
         if self._observe_wait is not None:
             self._since[key] = self._clock()
-        self._wake_one()
+        self._wake_one(urgent=urgent)
 
-    def _wake_one(self) -> None:
-        while self._getters:
-            getter = self._getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
-                return
+    def _wake_one(self, *, urgent: bool) -> None:
+        """Wake one idle worker that may take such a key: for an urgent one, its own lane's
+        workers first, so the others stay free for the plain lane."""
+        for getters in (self._urgent_getters, self._getters) if urgent else (self._getters,):
+            while getters:
+                getter = getters.popleft()
+                if not getter.done():
+                    getter.set_result(None)
+                    return
 
     def add(self, key: str, *, urgent: bool = False) -> None:
         if self._shutdown:
@@ -93,6 +100,7 @@ class WorkQueue:
             self._pressing.add(key)
             if key in self._queued:
                 self._urgent.append(key)  # ahead now; its plain entry is stale
+                self._wake_one(urgent=True)
         if key in self._dirty:
             return
         self._dirty.add(key)
@@ -148,38 +156,43 @@ class WorkQueue:
             self.add(key)
         self._arm(None)
 
-    async def get(self) -> str:
-        """The next key to process; the caller must call `done(key)` afterwards."""
+    async def get(self, *, urgent_only: bool = False) -> str:
+        """The next key to process (of the urgent lane only, if asked); the caller must call
+        `done(key)` afterwards."""
         while True:
             if self._shutdown:
                 raise ShutDown
             if self._waiting and self._waiting[0][0] <= self._clock():
                 self._promote_due()  # due, and its timer not run yet
-            key = self._next()
-            if key is not None:
+            found = self._next(urgent_only)
+            if found is not None:
+                key, urgent = found
                 self._dirty.discard(key)
                 self._processing.add(key)
                 if self._observe_wait is not None:
-                    self._observe_wait(self._clock() - self._since.pop(key))
+                    self._observe_wait(self._clock() - self._since.pop(key), urgent)
                 return key
             getter = self._loop.create_future()
-            self._getters.append(getter)
+            (self._urgent_getters if urgent_only else self._getters).append(getter)
             try:
                 await getter
             except asyncio.CancelledError:
                 if getter.done() and not getter.cancelled() and self._queued:
-                    self._wake_one()  # woken for a key, then cancelled: another worker takes it
+                    # Woken for a key, then cancelled: another worker takes it.
+                    self._wake_one(urgent=bool(self._urgent))
                 raise
 
-    def _next(self) -> str | None:
-        """The first queued key, urgent ones first; stale entries are dropped on the way."""
-        for lane, urgent in ((self._urgent, True), (self._queue, False)):
+    def _next(self, urgent_only: bool) -> tuple[str, bool] | None:
+        """The first queued key and whether it is urgent, urgent ones first; stale entries are
+        dropped on the way."""
+        lanes = ((self._urgent, True),) if urgent_only else ((self._urgent, True), (self._queue, False))
+        for lane, urgent in lanes:
             while lane:
                 key = lane.popleft()
                 if key in self._queued and (key in self._pressing) is urgent:
                     self._queued.discard(key)
                     self._pressing.discard(key)
-                    return key
+                    return key, urgent
         return None
 
     def done(self, key: str) -> None:
@@ -190,5 +203,8 @@ class WorkQueue:
     def shut_down(self) -> None:
         self._shutdown = True
         self._arm(None)
-        while self._getters:
-            self._wake_one()
+        for getters in (self._getters, self._urgent_getters):
+            while getters:
+                getter = getters.popleft()
+                if not getter.done():
+                    getter.set_result(None)

@@ -206,8 +206,8 @@ async def test_queue_a_worker_cancelled_after_its_wake_up_hands_the_key_on() -> 
 
 async def test_queue_observes_how_long_each_key_waited_for_a_worker() -> None:
     now = [100.0]
-    waits: list[float] = []
-    queue = WorkQueue(clock=lambda: now[0], observe_wait=waits.append)
+    waits: list[tuple[float, bool]] = []
+    queue = WorkQueue(clock=lambda: now[0], observe_wait=lambda wait, urgent: waits.append((wait, urgent)))
     queue.add("a")
     now[0] = 100.5
     queue.add("a")  # already waiting: its wait counts from the first add
@@ -219,7 +219,9 @@ async def test_queue_observes_how_long_each_key_waited_for_a_worker() -> None:
     now[0] = 103.25
     assert await queue.get() == "a"
     queue.done("a")
-    assert waits == [1.0, 0.25]
+    queue.add("b", urgent=True)
+    assert await queue.get() == "b"
+    assert waits == [(1.0, False), (0.25, False), (0.0, True)]
 
 
 async def test_loop_lag_probe_sees_a_task_that_held_the_loop() -> None:
@@ -423,3 +425,27 @@ async def test_queue_urgent_keys_go_first_and_keep_their_lane_through_a_rerun() 
     queue.add("a")
     assert await queue.get() == "a"  # the stale entry "c" left in the plain lane is skipped
     assert len(queue) == 0
+
+
+async def test_workers_of_the_urgent_lane_take_only_urgent_keys_and_are_woken_first() -> None:
+    """With every plain worker busy, an urgent key still finds a worker: the urgent lane's own."""
+    queue = WorkQueue()
+    status = asyncio.create_task(queue.get(urgent_only=True), name="test/status-worker")
+    plain = asyncio.create_task(queue.get(), name="test/plain-worker")
+    await asyncio.sleep(0)
+    queue.add("create")  # a plain key: never the status worker's
+    assert await asyncio.wait_for(plain, 1) == "create"
+    assert not status.done()
+    queue.add("running", urgent=True)
+    assert await asyncio.wait_for(status, 1) == "running"
+    queue.add("other")
+    queue.add("other", urgent=True)  # queued plain, then made urgent: an urgent worker may take it
+    assert await asyncio.wait_for(queue.get(urgent_only=True), 1) == "other"
+    queue.add("last")
+    waiting = asyncio.create_task(queue.get(urgent_only=True), name="test/idle-status-worker")
+    await asyncio.sleep(0)
+    assert not waiting.done()  # "last" is plain
+    assert await queue.get() == "last"
+    queue.shut_down()
+    with pytest.raises(ShutDown):
+        await waiting
