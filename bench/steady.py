@@ -326,8 +326,8 @@ def _inside(before: dict[str, dict[float, float]], after: dict[str, dict[float, 
     out: dict[str, Any] = {}
     for label, name in (
         ("sync", 'vkprovider_pod_sync_seconds{result="ok"}'),
-        ("queue_wait", 'vkprovider_workqueue_wait_seconds{queue="pods",lane="plain"}'),
-        ("urgent_wait", 'vkprovider_workqueue_wait_seconds{queue="pods",lane="urgent"}'),
+        ("queue_wait", 'vkprovider_workqueue_wait_seconds{lane="plain",queue="pods"}'),
+        ("urgent_wait", 'vkprovider_workqueue_wait_seconds{lane="urgent",queue="pods"}'),
         ("loop_lag", "vkprovider_event_loop_lag_seconds{}"),
         ("status_lag", "vkprovider_status_lag_seconds{}"),
     ):
