@@ -24,7 +24,10 @@ start-up, whenever a member's pods are listed afresh (it answered again), and ev
 `orphan_interval`. A member pod that ended and whose front-end pod ended too is kept: it holds no
 resources, and its logs stay readable until the front-end pod is deleted. Only pods the member
 watch selects (our managed and instance labels) are ever looked at, and each candidate is
-confirmed with a read of its front-end pod before it is deleted.
+confirmed with a read of its front-end pod before it is deleted. Which front-end pods live is read
+from the runtime's pod cache, not listed: a list of 10,000 pods every `orphan_interval` was the
+apiserver's and our biggest periodic cost, and a cache that lags the API can only make a pod a
+candidate (the read clears it) or keep an orphan for one more round.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from federation.disruption import Disruption
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, KubeClient, NotFound
-from vkprovider.objects import PodCondition
+from vkprovider.objects import Pod, PodCondition
+from vkprovider.podstore import PodStore
 
 CONDITION = "vkprovider.io/MemberReachable"
 LOST_REASON = "MemberLost"
@@ -147,22 +151,28 @@ class OrphanReconciler:
         self,
         *,
         members: Callable[[], dict[str, Any]],
-        nodes: Callable[[], list[str]],
         node_of: Callable[[str], str],
         interval: float,
         limit: int = 200,
     ) -> None:
         self._members = members  # name -> provider Member (with .pods: MemberPods)
-        self._nodes = nodes
         self._node_of = node_of  # member -> the virtual node its events go to
         self.interval = interval
         self.limit = limit
         self.front: KubeClient | None = None
+        self._cache: PodStore[Pod] | None = None  # the runtime's front-end pods on our nodes
+        self._listed: asyncio.Event | None = None  # set once that cache is complete
+        self._following = asyncio.Event()
         self.events: EventRecorder | None = None
         self.deleted: Any = None  # prometheus Counter (member, why), when registered
         self._due: set[str] = set()
         self._wake = asyncio.Event()
         self._log = logs.get("orphans")
+
+    def follow(self, cache: PodStore[Pod], listed: asyncio.Event) -> None:
+        """Read the live front-end pods from the runtime's cache, complete once `listed` is set."""
+        self._cache, self._listed = cache, listed
+        self._following.set()
 
     def request(self, member: str) -> None:
         """Look at this member soon (its pods were just listed afresh)."""
@@ -181,13 +191,7 @@ class OrphanReconciler:
             due, self._due = self._due, set()
             if not due:
                 continue
-            try:
-                live = await self._live()
-            except ApiError as exc:
-                self._log.warning("orphan check postponed: the front end does not answer", error=str(exc))
-                self._due |= due
-                await asyncio.sleep(5.0)
-                continue
+            live = await self._live()
             for name in sorted(due):
                 try:
                     if await self.sweep(name, live) >= self.limit:
@@ -200,18 +204,12 @@ class OrphanReconciler:
                 self._wake.set()
 
     async def _live(self) -> dict[str, str]:
-        """Front-end pods on our nodes that have not ended: ns/name -> UID (metadata only)."""
-        assert self.front is not None
-        live: dict[str, str] = {}
-        for node in self._nodes():
-            selector = f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
-            # in pages: tens of thousands of pods decoded at once would be a burst of memory
-            params = {"fieldSelector": selector}
-            async for page in self.front.pages("/api/v1/pods", params=params, metadata_only=True):
-                for item in page.pop("items", None) or ():
-                    meta = item["metadata"]
-                    live[f"{meta.get('namespace')}/{meta.get('name')}"] = str(meta.get("uid", ""))
-        return live
+        """Front-end pods on our nodes that have not ended: ns/name -> UID, once the cache of
+        them is complete."""
+        await self._following.wait()
+        assert self._cache is not None and self._listed is not None
+        await self._listed.wait()
+        return {key: entry.uid for key, entry in self._cache.entries() if entry.phase not in TERMINAL}
 
     async def sweep(self, name: str, live: Mapping[str, str]) -> int:
         """Delete this member's orphans (at most `limit`); how many were deleted."""

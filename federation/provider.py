@@ -93,7 +93,6 @@ class FederationProvider:
         )
         self.orphans = outages.OrphanReconciler(
             members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
-            nodes=self.node_names,
             node_of=self._node_of_member,
             interval=config.orphan_interval,
         )
@@ -506,9 +505,11 @@ class FederationProvider:
         for callback in self._pod_callbacks:
             callback(pod)
 
-    def read_pod_cache(self, pods: PodStore[Pod]) -> None:
-        """The dispatcher's front-end pods borrow from the runtime's cache (one copy per pod)."""
+    def read_pod_cache(self, pods: PodStore[Pod], listed: asyncio.Event) -> None:
+        """The dispatcher's front-end pods borrow from the runtime's cache (one copy per pod),
+        and the orphan check reads which pods live from it."""
         self.dispatcher.front_pods.attach(pods)
+        self.orphans.follow(pods, listed)
 
     def notify_pods(self, callback: PodChanged) -> None:
         self._pod_callbacks.append(callback)

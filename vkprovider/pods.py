@@ -90,8 +90,6 @@ class PodController:
         self._events = events
         self._metrics = metrics
         self.cache: PodStore[Pod] = PodStore()
-        if isinstance(provider, PodCacheReader):
-            provider.read_pod_cache(self.cache)
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling = Settling(settings)  # when a new pod's first status write is due
         self._listed: set[str] = set()
@@ -99,6 +97,8 @@ class PodController:
         self._parked: set[str] = set()
         self._answered = 0  # successful lists so far: a sync that failed across one is not parked
         self.ready = asyncio.Event()
+        if isinstance(provider, PodCacheReader):
+            provider.read_pod_cache(self.cache, self.ready)
         self.syncs = 0  # syncs done: what tells the heap trim (vkprovider.heap) work went on
         self.queue: WorkQueue | None = None
         self._watches: dict[str, asyncio.Task[None]] = {}

@@ -11,6 +11,7 @@ reason if it names one), anything else (transient: retried).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -80,8 +81,9 @@ class PodCacheReader(Protocol):
     """Optional: read the runtime's cache of the API's pods bound to our nodes (read-only), as
     a Go provider reads the pod lister virtual-kubelet hands it, instead of copies of its own."""
 
-    def read_pod_cache(self, pods: PodStore[Pod]) -> None:
-        """Called once, before the first pod is synced."""
+    def read_pod_cache(self, pods: PodStore[Pod], listed: asyncio.Event) -> None:
+        """Called once, before the first pod is synced. `listed` is set once every node's pods
+        were listed: before it, a pod missing from the cache may still exist."""
 
 
 @runtime_checkable

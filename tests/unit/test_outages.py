@@ -3,6 +3,7 @@ handling of provider conditions under vkprovider.io/ (pure)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from federation import forge, outages
 from vkprovider import podstatus
+from vkprovider.podstore import PodStore
 
 NOW = 1_800_000_000.0
 
@@ -121,3 +123,21 @@ def test_follow_keeps_the_moment_the_member_stopped_answering() -> None:
     later = outages.follow(first, 301.0, grace=30, lost_after=300)
     assert later is not None and later.state == "lost" and later.since == first.since
     assert outages.follow(later, 0.0, grace=30, lost_after=300) is None
+
+
+async def test_the_orphan_check_reads_live_pods_from_the_runtime_cache_once_it_is_complete() -> None:
+    reconciler = outages.OrphanReconciler(members=dict, node_of=str, interval=60.0)
+    cache: PodStore[Any] = PodStore()
+    listed = asyncio.Event()
+    live = asyncio.create_task(reconciler._live(), name="test/live")
+    await asyncio.sleep(0)
+    reconciler.follow(cache, listed)
+    for name, phase in (("runs", "Running"), ("waits", "Pending"), ("done", "Succeeded"), ("failed", "Failed")):
+        cache[f"ns/{name}"] = {
+            "metadata": {"namespace": "ns", "name": name, "uid": f"u-{name}"},
+            "status": {"phase": phase},
+        }
+    await asyncio.sleep(0)
+    assert not live.done(), "an incomplete cache would make every member pod a candidate"
+    listed.set()
+    assert await asyncio.wait_for(live, 1) == {"ns/runs": "u-runs", "ns/waits": "u-waits"}
