@@ -61,6 +61,13 @@ MODULE = (
 )
 
 
+def weigh_cpu(pid: int, nice: int) -> None:
+    """Set the CPU weight of `pid`'s session (its autogroup, which the kernel schedules as one):
+    on a saturated machine a session gets a share by weight, as a container gets one by its CPU
+    request, so a negative `nice` stands for cores a real deployment reserves for a process."""
+    Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
 class Provider:
     """A `vkprovider run` process with `config` (its HTTP ports are filled in), ready when
     `/readyz` answers 200 and `ready(session, health_port)` (if given) is true."""

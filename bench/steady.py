@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cpufloor, endtoend
-from bench.common import CpuMeter, Profile, bucket_quantile, lab_pids, on_lab
+from bench.common import CpuMeter, Profile, bucket_quantile, lab_pids, on_lab, weigh_cpu
 from e2e import audit
 from e2e import lab as lab_mod
 from e2e.state import LabState
@@ -95,12 +95,14 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
     node = f"vk-steady-{uuid.uuid4().hex[:5]}"
     ns = f"steady-{uuid.uuid4().hex[:5]}"
     member_ns = forge.member_namespace(ns, endtoend.PREFIX)
-    result: dict[str, Any] = {"pods": args.pods, "members": len(endtoend.members(lab))}
+    result: dict[str, Any] = {"pods": args.pods, "members": len(endtoend.members(lab)), "cpu_nice": args.cpu_nice}
     async with (
         endtoend.provider(lab, workdir, node, pods={"workers": args.workers} if args.workers else None) as proc,
         KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front,
     ):
         cpu = endtoend.Cpu(proc.pid)
+        if args.cpu_nice:
+            weigh_cpu(proc.pid, args.cpu_nice)
         await asyncio.sleep(5)
         rss_empty = cpu.rss()
         traced_empty = await _memtrace(proc.pid) if os.environ.get("BENCH_MEMTRACE") else 0
@@ -146,6 +148,8 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                 result["traced_kib_per_pod"] = round((traced - traced_empty) / args.pods / 1024, 2)
 
             floor = await stack.enter_async_context(cpufloor.relay(lab, front))
+            if args.cpu_nice:
+                weigh_cpu(floor.proc.pid, args.cpu_nice)
             floor_watches = [
                 await stack.enter_async_context(endtoend.Phases(c, floor.namespace)) for c in (front, *members.values())
             ]
@@ -360,6 +364,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="the provider's pods.workers (default: its own)")
     parser.add_argument(
         "--floor", type=float, default=4.0, help="pods/s fed to the floor process during the churn, for comparison"
+    )
+    parser.add_argument(
+        "--cpu-nice",
+        type=int,
+        default=0,
+        help="the CPU weight (autogroup nice, -20..19) of the provider's and the floor's sessions: a "
+        "negative value stands for the cores a deployment reserves for them, which this machine's lab "
+        "otherwise takes when it saturates both cores",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the churn, to FILE")
     args = parser.parse_args()
