@@ -83,15 +83,16 @@ class WorkQueue:
             self._since[key] = self._clock()
         self._wake_one(urgent=urgent)
 
-    def _wake_one(self, *, urgent: bool) -> None:
-        """Wake one idle worker that may take such a key: for an urgent one, its own lane's
-        workers first, so the others stay free for the plain lane."""
+    def _wake_one(self, *, urgent: bool) -> bool:
+        """Wake one idle worker that may take such a key (for an urgent one, its own lane's
+        workers first, so the others stay free for the plain lane); whether there was one."""
         for getters in (self._urgent_getters, self._getters) if urgent else (self._getters,):
             while getters:
                 getter = getters.popleft()
                 if not getter.done():
                     getter.set_result(None)
-                    return
+                    return True
+        return False
 
     def add(self, key: str, *, urgent: bool = False) -> None:
         if self._shutdown:
@@ -177,9 +178,11 @@ class WorkQueue:
             try:
                 await getter
             except asyncio.CancelledError:
-                if getter.done() and not getter.cancelled() and self._queued:
-                    # Woken for a key, then cancelled: another worker takes it.
-                    self._wake_one(urgent=bool(self._urgent))
+                # Woken for a key, then cancelled: another worker takes it, one that takes
+                # any key if there is one idle.
+                woken = getter.done() and not getter.cancelled() and self._queued
+                if woken and not self._wake_one(urgent=False) and self._urgent:
+                    self._wake_one(urgent=True)
                 raise
 
     def _next(self, urgent_only: bool) -> tuple[str, bool] | None:
