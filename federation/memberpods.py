@@ -48,7 +48,7 @@ class MemberPods:
         access: ClusterAccess,
         *,
         instance: str,
-        on_change: Callable[[str, str | None], None],
+        on_change: Callable[[str, bool], None],
         fence: WriteFence | None = None,
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
         tombstones: Tombstones | None = None,
@@ -170,8 +170,7 @@ class MemberPods:
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Failed":
             self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
-        # The phase the front-end pod follows: none while the member pod is going away.
-        self._on_change(key, None if pod["metadata"].get("deletionTimestamp") else phase)
+        self._on_change(key, phase == "Pending" and not pod["metadata"].get("deletionTimestamp"))
 
     def _drop(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
@@ -184,7 +183,7 @@ class MemberPods:
             self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
-        self._on_change(key, None)
+        self._on_change(key, False)
 
     def ours(self, pod: dict[str, Any]) -> bool:
         """A member pod this instance made (what the label selector of our own watch picks)."""
