@@ -58,11 +58,11 @@ class PodSettings(_Section):
         "syncs a second, two per pod (the member create, the front-end status).",
     )
     status_workers: int = Field(
-        8,
+        0,
         ge=0,
         description="Workers beside those that sync only pods whose provider reports them running or "
-        "ended: their one status write never waits for a worker while creates and deletes on slow members "
-        "hold all the others.",
+        "ended (the in-memory provider does; the federation provider does not yet), so their one status "
+        "write never waits for a worker while creates and deletes hold all the others.",
     )
     status_settle: float = Field(
         1.0,
