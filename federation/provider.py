@@ -506,8 +506,7 @@ class FederationProvider:
             callback(pod)
 
     def read_pod_cache(self, pods: PodStore[Pod], listed: asyncio.Event) -> None:
-        """The dispatcher's front-end pods borrow from the runtime's cache (one copy per pod),
-        and the orphan check reads which pods live from it."""
+        """The dispatcher's front-end pods and the orphan check read the runtime's cache."""
         self.dispatcher.front_pods.attach(pods)
         self.orphans.follow(pods, listed)
 

@@ -96,6 +96,14 @@ class Metrics:
             await asyncio.sleep(interval)
             self.loop_lag_seconds.observe(max(0.0, loop.time() - start - interval))
 
+    def queue_waits(self, queue: str) -> Callable[[float, bool], None]:
+        """What a WorkQueue calls with each key's wait and whether it was urgent."""
+
+        def observe(seconds: float, urgent: bool) -> None:
+            self.queue_wait_seconds.labels(queue, "urgent" if urgent else "plain").observe(seconds)
+
+        return observe
+
     def track_api_calls(self, source: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_ApiCalls(source))
 

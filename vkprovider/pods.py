@@ -387,24 +387,20 @@ class PodController:
                 self._metrics.sync_seconds.labels(result).observe(time.perf_counter() - started)
                 self._metrics.queue_depth.labels("pods").set(len(queue))
 
-    def _observe_wait(self, seconds: float, urgent: bool) -> None:
-        self._metrics.queue_wait_seconds.labels("pods", "urgent" if urgent else "plain").observe(seconds)
-
     async def run(self) -> None:
         """Watch, sync and clean up until cancelled."""
         self.queue = WorkQueue(
             backoff=ExponentialBackoff(base=0.05, cap=self._settings.retry_cap),
-            observe_wait=self._observe_wait,
+            observe_wait=self._metrics.queue_waits("pods"),
         )
         failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._failure = failure
         self.set_nodes(self._nodes)
         if not self._nodes:
             self.ready.set()
-        tasks = [asyncio.create_task(self._worker(), name=f"pods/worker/{i}") for i in range(self._settings.workers)]
-        tasks += [
-            asyncio.create_task(self._worker(urgent_only=True), name=f"pods/status-worker/{i}")
-            for i in range(self._settings.status_workers)
+        tasks = [  # the last `status_workers` serve the urgent lane alone
+            asyncio.create_task(self._worker(urgent_only=i >= self._settings.workers), name=f"pods/worker/{i}")
+            for i in range(self._settings.workers + self._settings.status_workers)
         ]
         if isinstance(self._provider, PodNotifier):
             self._provider.notify_pods(self._on_provider_change)
