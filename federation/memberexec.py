@@ -27,6 +27,9 @@ from vkprovider.provider import ExecStreams, ProviderError
 V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 CHUNK = 32 * 1024
+#: With a tty, seconds stdin waits for the client's first terminal size (kubectl sends it at
+#: once; a client that never does only delays its first input this long).
+FIRST_SIZE_WAIT = 2.0
 
 
 def stream_query(container: str, command: list[str], streams: ExecStreams) -> list[tuple[str, str]]:
@@ -97,9 +100,17 @@ async def _open(
 async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key: str, limits: StreamLimits) -> int:
     v5 = ws.protocol == V5
     activity = Activity()
+    # The client's stdin and its resizes reach us on separate streams, so input typed at once
+    # can overtake the first size: the command would read its terminal as 0x0 (`stty size` said
+    # "0 0" in CI). A tty's stdin therefore waits until the first size went to the member.
+    sized = asyncio.Event()
+    if streams.resizes is None:
+        sized.set()
 
     async def pump_stdin() -> None:
         assert streams.stdin is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(sized.wait(), FIRST_SIZE_WAIT)
         while chunk := await streams.stdin.read():
             activity.touch()
             for at in range(0, len(chunk), CHUNK):
@@ -109,10 +120,14 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key
 
     async def pump_resizes() -> None:
         assert streams.resizes is not None
-        async for size in streams.resizes:
-            activity.touch()
-            message = json.dumps({"Width": size.width, "Height": size.height}).encode()
-            await ws.send_bytes(bytes([RESIZE]) + message)
+        try:
+            async for size in streams.resizes:
+                activity.touch()
+                message = json.dumps({"Width": size.width, "Height": size.height}).encode()
+                await ws.send_bytes(bytes([RESIZE]) + message)
+                sized.set()
+        finally:
+            sized.set()
 
     tasks: list[asyncio.Task[None]] = []
     if streams.stdin is not None:

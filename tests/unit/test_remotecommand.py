@@ -1,5 +1,5 @@
-"""The remote-command protocol's pure parts: version choice, the exit status a v4 client reads,
-and terminal sizes split across DATA frames."""
+"""The remote-command protocol: version choice, the exit status a v4 client reads, the first
+terminal size before any input, and terminal sizes split across DATA frames."""
 
 from __future__ import annotations
 
@@ -59,3 +59,51 @@ def test_a_members_exit_status_becomes_the_exit_code() -> None:
         ("command", "x"),
         ("tty", "true"),
     ]
+
+
+@pytest.mark.asyncio
+async def test_a_tty_sends_the_first_size_to_the_member_before_any_input() -> None:
+    """Typed input that reaches us before the client's first size still goes to the member
+    after it, so the command never reads a 0x0 terminal. A local WebSocket server stands in
+    for the member (the protocol is the point here; e2e covers a real member)."""
+    import aiohttp
+    from aiohttp import web
+
+    from federation.memberexec import RESIZE, STDIN, V5, _bridge
+    from federation.memberstreams import StreamLimits
+    from vkprovider.provider import ExecStreams
+
+    seen: list[int] = []
+
+    async def member(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=(V5,))
+        await ws.prepare(request)
+        async for message in ws:
+            seen.append(message.data[0])
+            if message.data[0] == STDIN:
+                await ws.send_bytes(b"\x03" + b'{"status":"Success"}')
+                break
+        await ws.close()
+        return ws
+
+    async def sizes() -> Any:
+        await asyncio.sleep(0.2)  # the size comes late; the input is there at once
+        yield TermSize(120, 40)
+
+    app = web.Application()
+    app.router.add_get("/exec", member)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"http://127.0.0.1:{port}/exec", protocols=(V5,)) as ws,
+        ):
+            streams = ExecStreams(stdin=Chunks(b"stty size\n"), stdout=None, stderr=None, tty=True, resizes=sizes())
+            assert await _bridge(ws, streams, "ns/pod", StreamLimits()) == 0
+    finally:
+        await runner.cleanup()
+    assert seen[:2] == [RESIZE, STDIN]
