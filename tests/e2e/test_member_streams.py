@@ -30,6 +30,7 @@ from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.test_member_logs import append, kubectl
 from tests.e2e.test_outages import member_pods, plain_pod, start_provider
 from tests.e2e.test_runtime import running
+from tests.localhttp import serving
 from vkprovider.kube import KubeClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -49,15 +50,8 @@ async def http_server(name: str) -> AsyncIterator[int]:
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    assert runner.addresses
-    try:
-        yield int(runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
+    async with serving(app) as port:
+        yield port
 
 
 async def output_until(child: asyncio.subprocess.Process, pattern: str, timeout: float = 60.0) -> str:

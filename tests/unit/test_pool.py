@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.localhttp import serving
 from vkprovider.kube.pool import NewestFirst
 
 
@@ -34,27 +35,19 @@ async def _open_after_burst_and_trickle(connector: aiohttp.TCPConnector) -> int:
 
     app = web.Application()
     app.router.add_get("/", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        async with aiohttp.ClientSession(connector=connector) as session:
+    async with serving(app) as port, aiohttp.ClientSession(connector=connector) as session:
 
-            async def get() -> None:
-                async with session.get(f"http://127.0.0.1:{port}/") as resp:
-                    await resp.read()
+        async def get() -> None:
+            async with session.get(f"http://127.0.0.1:{port}/") as resp:
+                await resp.read()
 
-            await asyncio.gather(*(get() for _ in range(20)))
-            assert _established_to(port) == 20
-            deadline = time.monotonic() + 1.6  # the keep-alive timeout (0.5 s) three times
-            while time.monotonic() < deadline:
-                await get()
-                await asyncio.sleep(0.02)
-            return _established_to(port)
-    finally:
-        await runner.cleanup()
+        await asyncio.gather(*(get() for _ in range(20)))
+        assert _established_to(port) == 20
+        deadline = time.monotonic() + 1.6  # the keep-alive timeout (0.5 s) three times
+        while time.monotonic() < deadline:
+            await get()
+            await asyncio.sleep(0.02)
+        return _established_to(port)
 
 
 @pytest.mark.asyncio

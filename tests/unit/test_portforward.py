@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests.localhttp import serving
 from vkprovider.httpapi import portforward, spdy
 from vkprovider.provider import ByteStream, ProviderError
 
@@ -70,12 +71,8 @@ async def served() -> AsyncIterator[tuple[Echo, int]]:
         return await portforward.serve(request, provider)
 
     app.router.add_route("*", "/portForward/{namespace}/{pod}", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield provider, int(runner.addresses[0][1])
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield provider, port
 
 
 async def connect(port: int, protocol: str = "portforward.k8s.io") -> tuple[Client, bytes]:

@@ -71,6 +71,7 @@ async def test_a_tty_sends_the_first_size_to_the_member_before_any_input() -> No
 
     from federation.memberexec import RESIZE, STDIN, V5, _bridge
     from federation.memberstreams import StreamLimits
+    from tests.localhttp import serving
     from vkprovider.provider import ExecStreams
 
     seen: list[int] = []
@@ -92,18 +93,11 @@ async def test_a_tty_sends_the_first_size_to_the_member_before_any_input() -> No
 
     app = web.Application()
     app.router.add_get("/exec", member)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.ws_connect(f"http://127.0.0.1:{port}/exec", protocols=(V5,)) as ws,
-        ):
-            streams = ExecStreams(stdin=Chunks(b"stty size\n"), stdout=None, stderr=None, tty=True, resizes=sizes())
-            assert await _bridge(ws, streams, "ns/pod", StreamLimits()) == 0
-    finally:
-        await runner.cleanup()
+    async with (
+        serving(app) as port,
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"http://127.0.0.1:{port}/exec", protocols=(V5,)) as ws,
+    ):
+        streams = ExecStreams(stdin=Chunks(b"stty size\n"), stdout=None, stderr=None, tty=True, resizes=sizes())
+        assert await _bridge(ws, streams, "ns/pod", StreamLimits()) == 0
     assert seen[:2] == [RESIZE, STDIN]

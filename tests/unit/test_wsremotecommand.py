@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests.localhttp import serving
 from vkprovider.httpapi import wsremotecommand
 from vkprovider.minishell import Shell
 from vkprovider.provider import ExecStreams
@@ -34,12 +35,8 @@ async def base() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/exec/{namespace}/{pod}/{container}", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}/exec/ns/pod/c"
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield f"http://127.0.0.1:{port}/exec/ns/pod/c"
 
 
 async def session(
