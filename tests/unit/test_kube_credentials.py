@@ -48,7 +48,10 @@ PLUGIN = textwrap.dedent(
     lifetime = float((state / "lifetime").read_text()) if (state / "lifetime").exists() else 3600.0
     expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=lifetime)
     stamp = expiry.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    if mode == "fail":
+    if mode == "slow-fail":
+        import time
+        time.sleep(1.5)
+    if mode in ("fail", "slow-fail"):
         print("error: no credentials for you", file=sys.stderr)
         sys.exit(3)
     if mode == "garbage":
@@ -245,10 +248,24 @@ async def test_the_401_stands_when_the_plugin_gives_the_same_token(tmp_path: Pat
     assert _runs(state) == 2 and api.seen == ["tok-same-9999999999"]  # not sent again unchanged
 
 
+async def test_the_pause_after_a_failure_counts_from_its_end(tmp_path: Path, api: FakeApiserver) -> None:
+    """A plugin that fails after 1.5 s (longer than the 1 s pause) is not started again by the
+    next request: the pause began when the failure was known."""
+    _plugin(tmp_path, mode="slow-fail")
+    access = _exec_access(tmp_path, api.url)
+    async with KubeClient(access) as client:
+        for _ in range(2):
+            with pytest.raises(NoCredentials, match="exit status 3"):
+                await client.get("/api")
+    assert _plugin_of(access).runs == 1
+
+
 async def test_a_failed_early_renewal_keeps_the_current_token_until_it_expires(
     tmp_path: Path, api: FakeApiserver
 ) -> None:
-    state = _plugin(tmp_path, lifetime=4.0)
+    # The renewal starts a fifth of the lifetime before the expiry: 2 s for the failing plugin
+    # to run in (a Python start took more than 0.8 s on a loaded CI machine).
+    state = _plugin(tmp_path, lifetime=10.0)
     access = _exec_access(tmp_path, api.url)
     plugin = _plugin_of(access)
     async with KubeClient(access) as client:

@@ -237,6 +237,9 @@ class ExecPlugin:
             try:
                 self._take(await self._run())
             except KubeconfigError as exc:
+                # From the failure's end, not the start: a plugin that takes longer than the
+                # pause (a loaded machine, a slow identity provider) would be started again at once.
+                now = self._clock()
                 self._failed = (now + MIN_INTERVAL, exc)
                 if rejected is None and self._usable():
                     # An early renewal failed; the current credential holds a little longer.
