@@ -537,7 +537,12 @@ async def start_cluster(state_dir: Path, name: str, *, fresh_components: bool = 
     With `fresh_components` its scheduler, controller manager and KWOK are restarted too, as a
     control plane comes back together: left running, they reconnect with backoff (their watches
     wait up to a minute), and whatever the next test asks of that cluster waits with them (the
-    pod-security test after the outage tests: 76 s instead of 12)."""
+    pod-security test after the outage tests: 76 s instead of 12). The scheduler and controller
+    manager are stopped before the apiserver starts: with leader election (the default, which
+    the lab turns off) they exit within their 10 s renew deadline of an outage. One that lived
+    through it reconnects with health data older than the node grace (40 s) and marks every node
+    Unknown and its pods not ready, which a real one never does (CI saw it as a second status
+    write of ours, putting Ready back like a kubelet)."""
     lab = load_running(state_dir)
     cluster = cluster_of(lab, name)
     proc = cluster.processes["kube-apiserver"]
@@ -547,6 +552,9 @@ async def start_cluster(state_dir: Path, name: str, *, fresh_components: bool = 
         raise LabError("the lab's etcd is not running; bring the lab up again")
     if not ports.is_free(cluster.apiserver_port):
         raise LabError(f"port {cluster.apiserver_port} is in use; cannot restart {name} kube-apiserver")
+    if fresh_components:
+        elected = [p for n, p in cluster.processes.items() if n in ("kube-scheduler", "kube-controller-manager")]
+        await asyncio.to_thread(procs.terminate, [p.pid for p in elected if p.pid], lab.marker)
     _start(lab, proc)
     try:
         await _wait_apiserver(lab, cluster, START_TIMEOUT)
