@@ -4,6 +4,7 @@ pod when asked), never partially anywhere, and time out cleanly when no member c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_na
 from tests.e2e.memberwatch import MemberWatch, partial_spans
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess
-from vkprovider.kube import KubeClient
+from vkprovider.kube import KubeClient, Unreachable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -99,7 +100,15 @@ async def cleanup(lab: Lab, offline: KubeClient, ns: str) -> None:
     finally:
         for member in lab.members:
             async with lab.client(member) as client:
-                await delete_namespace(client, ns)
+
+                async def deleted(client: KubeClient = client) -> bool:
+                    # A test may run two parts at once, one in a member's outage (test_outages).
+                    with contextlib.suppress(Unreachable):
+                        await delete_namespace(client, ns)
+                        return True
+                    return False
+
+                await eventually(deleted, timeout=90, what=f"{ns} deleted in {member}")
 
 
 async def cleanup_and_stop(lab: Lab, offline: KubeClient, ns: str, proc: VkProcess) -> None:
