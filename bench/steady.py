@@ -72,7 +72,13 @@ async def _churn(
                     name=f"bench-churn/-{victim}",
                 )
             )
-    await asyncio.gather(*tasks)
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        # A failed call ends the run with its error, not with thousands of calls cut off later.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return created
 
 
