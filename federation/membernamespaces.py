@@ -52,7 +52,14 @@ class MemberNamespaces:
         if config.tenancy is not None:
             # Onboarding made the PriorityClasses; the tenant's account may not.
             await self._tenant_namespace(client, namespace, config.tenancy, level)
+            # The account's read is the first request the new RoleBinding allows: waiting through
+            # its refusals also waits until the binding reached the authorizer, so the quota's
+            # create after it is not refused (CI saw a 403 on a create made at once).
             ready = await wait_for_account(client, namespace, account, timeout=ACCOUNT_WAIT, forbidden_for=RBAC_WAIT)
+            if ready and config.tenancy.quota:
+                quota = tenancy_mod.resource_quota(config.tenancy.tenant, namespace, config.tenancy.quota)
+                with contextlib.suppress(AlreadyExists):
+                    await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
         else:
             await self._priority_classes_of(member, config, client)
             # Ours from before (or labelled for another level) are relabelled; a namespace
@@ -82,7 +89,8 @@ class MemberNamespaces:
         client: KubeClient, namespace: str, tenancy: TenancyConfig, level: podsecurity.Level
     ) -> None:
         """A tenant's provider has no rights in a namespace until it binds its role there
-        (federation.tenancy): namespace first, then the RoleBinding, then the quota."""
+        (federation.tenancy): namespace first, then the RoleBinding (the quota follows once the
+        binding is in effect)."""
         labels = {forge.MANAGED: "true", tenancy_mod.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
         try:
             try:
@@ -98,7 +106,3 @@ class MemberNamespaces:
         binding["subjects"] = [{"kind": "ServiceAccount", **tenancy.service_account.model_dump()}]
         with contextlib.suppress(AlreadyExists):
             await client.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", binding)
-        if tenancy.quota:
-            quota = tenancy_mod.resource_quota(tenancy.tenant, namespace, tenancy.quota)
-            with contextlib.suppress(AlreadyExists):
-                await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
