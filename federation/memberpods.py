@@ -48,7 +48,7 @@ class MemberPods:
         access: ClusterAccess,
         *,
         instance: str,
-        on_change: Callable[[str, bool], None],
+        on_change: Callable[[str, str | None], None],
         fence: WriteFence | None = None,
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
         tombstones: Tombstones | None = None,
@@ -170,7 +170,8 @@ class MemberPods:
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Failed":
             self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
-        self._on_change(key, phase == "Pending" and not pod["metadata"].get("deletionTimestamp"))
+        # The phase the front-end pod follows: none while the member pod is going away.
+        self._on_change(key, None if pod["metadata"].get("deletionTimestamp") else phase)
 
     def _drop(self, pod: dict[str, Any]) -> None:
         key = self.origin(pod)
@@ -183,7 +184,7 @@ class MemberPods:
             self.noticed.discard(key)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
-        self._on_change(key, False)
+        self._on_change(key, None)
 
     def ours(self, pod: dict[str, Any]) -> bool:
         """A member pod this instance made (what the label selector of our own watch picks)."""

@@ -8,9 +8,10 @@ picks up. Every object carries `vkprovider.io/tenant`, so offboarding finds them
 
 It runs in three phases so that an error changes nothing: checks (both clusters answer, the
 caller may create everything it needs), the plan (each object read back: create, update,
-unchanged, or taken by someone else), then the changes. Running it again changes nothing; the
-token is replaced only when a third of its life is left or what it is bound to changed, so a
-periodic run (a CronJob) rotates it.
+unchanged, or taken by someone else), then the changes; a new credential goes to the front end
+only once the member's authorizer grants it what the provider asks first. Running it again
+changes nothing; the token is replaced only when a third of its life is left or what it is
+bound to changed, so a periodic run (a CronJob) rotates it.
 
 Offboarding disables the MemberCluster, so the tenant's provider drains the member through the
 reclaim path (checkpoint notice, graceful deletion; its front-end pods end Reclaimed), waits
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -398,6 +400,35 @@ async def _binding_uid(clusters: Clusters, tenant: str) -> str:
     return str(binding["metadata"]["uid"])
 
 
+#: What a tenant's provider asks its member first (federation.tenancy.cluster_rules): onboarding
+#: hands the credential over once the member's authorizer grants these to the new token.
+FIRST_USE = [
+    ("list", "", "pods", "", ""),
+    ("watch", "", "nodes", "", ""),
+    ("create", "", "namespaces", "", ""),
+]
+GRANT_WAIT = 30.0  # seconds for new RBAC objects to reach the member's authorizer
+
+
+async def _granted(member_access: ClusterAccess, token: str) -> None:
+    """Wait until the member allows the new token what the provider does first. A RoleBinding
+    or ClusterRoleBinding takes effect when the apiserver's informer brings it, a moment after
+    its create: a provider started at once could be refused, and a refusal in its log is a
+    false alarm for whoever reads it."""
+    access = dataclasses.replace(
+        member_access, token=token, token_file=None, credentials=None, cert_data=None, key_data=None
+    )
+    deadline = time.monotonic() + GRANT_WAIT
+    async with KubeClient(access, user_agent="vkprovider-onboard") as client:
+        while missing := await _allowed(client, FIRST_USE):
+            if time.monotonic() > deadline:
+                raise OnboardError(
+                    f"the tenant's new credential is still refused {', '.join(missing)} after {GRANT_WAIT:.0f}s; "
+                    "the member's objects are written, the front end's are not: run onboard again"
+                )
+            await asyncio.sleep(POLL / 10)
+
+
 def _kubeconfig_text(secret: dict[str, Any]) -> str:
     raw = (secret.get("data") or {}).get("kubeconfig", "")
     try:
@@ -468,6 +499,7 @@ async def onboard(
             await _write(member, step)
         if secret_step.action in ("create", "rotate"):
             token, _ = await _token(clusters, tenant, ttl)
+            await _granted(member_access, token)
             config = tenancy.kubeconfig(
                 server=server, ca_data=member_access.ca_data, token=token, name=f"{name}-{tenant}"
             )

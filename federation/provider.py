@@ -496,12 +496,14 @@ class FederationProvider:
 
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 
-    def _pod_changed(self, key: str, pending: bool = False) -> None:
-        """`pending`: the member pod is Pending and not being deleted, so the front-end pod is too."""
+    def _pod_changed(self, key: str, phase: str | None = None) -> None:
+        """`phase`: the member pod's, when it is not being deleted, and so the front-end pod's:
+        Pending lets the runtime fold the change into a settling write, Running or an end puts
+        the pod ahead of creates and deletes."""
         namespace, _, name = key.partition("/")
         pod: Pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {}}
-        if pending:
-            pod["status"] = {"phase": "Pending"}
+        if phase:
+            pod["status"] = {"phase": phase}
         for callback in self._pod_callbacks:
             callback(pod)
 

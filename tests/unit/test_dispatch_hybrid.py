@@ -56,7 +56,7 @@ class World:
 
     def dispatcher(self) -> Dispatcher:
         """A freshly started provider: its member index rebuilt from the member's pods."""
-        pods = MemberPods("m1", None, instance=VIRTUAL, on_change=lambda key, pending: None)  # type: ignore[arg-type]
+        pods = MemberPods("m1", None, instance=VIRTUAL, on_change=lambda key, phase: None)  # type: ignore[arg-type]
         pods.client = self.member  # type: ignore[assignment]
         for key, obj in self.member.objects.items():
             if "/pods/" in key:

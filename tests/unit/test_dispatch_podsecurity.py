@@ -59,7 +59,7 @@ class World:
         self.apis = {name: FakeApi() for name in ("m1", "m2")}
         self.members: dict[str, Any] = {}
         for name, api in self.apis.items():
-            pods = MemberPods(name, None, instance="vk", on_change=lambda key, pending: None)  # type: ignore[arg-type]
+            pods = MemberPods(name, None, instance="vk", on_change=lambda key, phase: None)  # type: ignore[arg-type]
             pods.client = api  # type: ignore[assignment]
             pods.synced.set()
             weight = 2 if name == "m1" else 1
