@@ -219,7 +219,8 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
         if proc.proc is not None and proc.proc.poll() is not None:  # its member pods would never go
             tail = (workdir / "vk.log").read_text(errors="replace")[-3000:]  # the directory goes
             raise RuntimeError(f"vkprovider exited ({proc.proc.returncode}); the end of its log:\n{tail}")
-        await endtoend.clean(lab, front, ns, timeout=1800)
+        if args.state:  # a lab of its own is thrown away whole; a developer's lab is kept clean
+            await endtoend.clean(lab, front, ns, timeout=1800)
     return result
 
 

@@ -61,8 +61,8 @@ class PodSettings(_Section):
         0,
         ge=0,
         description="Workers beside those that sync only pods whose provider reports them running or "
-        "ended (the in-memory provider does; the federation provider does not yet), so their one status "
-        "write never waits for a worker while creates and deletes hold all the others.",
+        "ended (both providers do), so their one status write never waits for a worker while creates and "
+        "deletes hold all the others. Without them such pods still go ahead of creates and deletes.",
     )
     status_settle: float = Field(
         1.0,
