@@ -497,9 +497,8 @@ class FederationProvider:
     # -- pods: dispatch to members (federation.dispatch) ---------------------------------------
 
     def _pod_changed(self, key: str, phase: str | None = None) -> None:
-        """`phase`: the member pod's, when it is not being deleted, and so the front-end pod's:
-        Pending lets the runtime fold the change into a settling write, Running or an end puts
-        the pod ahead of creates and deletes."""
+        """`phase`: the member pod's unless it is going away (Pending: the runtime may fold the
+        write; Running or an end: it goes ahead of creates and deletes)."""
         namespace, _, name = key.partition("/")
         pod: Pod = {"metadata": {"namespace": namespace, "name": name}, "spec": {}}
         if phase:
