@@ -161,6 +161,21 @@ class Member:
     def inventory(self) -> Inventory | None:
         return self.source.inventory
 
+    def view(self) -> dict[str, Any]:
+        """This member in the resource view: settings, health and its latest summary."""
+        entry: dict[str, Any] = {
+            "enabled": self.config.enabled,
+            "reachable": self.reachable,
+            "source": self.config.source,
+            "unreachableFor": None if self.reachable else round(self.source.unreachable_for(), 1),
+            "lastError": self.source.last_error,
+        }
+        if self.summary is not None:
+            entry.update(self.summary.to_json())
+        if self.draining:
+            entry["draining"] = True
+        return entry
+
     def pods_index(self) -> MemberPods | None:
         return self.pods
 

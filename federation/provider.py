@@ -2,28 +2,26 @@
 
 It owns the set of members (federation.members: from the settings, and from MemberCluster
 objects changed at run time through federation.memberobjects), one capacity source per member
-(direct watches, or the member's capacity agent),
-and the virtual nodes' status: capacity = allocatable = what members can lend plus what our
-pods already use there, recomputed coalesced (at most every `publish_interval`) and damped
-against noise. A member unreachable past `unreachable_grace` lends nothing and is flagged on
-its MemberCluster and on the node, which stays Ready; its pods are declared lost only after
-`pods_lost_after` (federation.outages). Dispatch of pods arrives separately.
+(direct watches, or the member's capacity agent), and when the virtual nodes' status is
+published (federation.virtualnodes: what lends now, damped): coalesced, at most every
+`publish_interval`. A member unreachable past `unreachable_grace` lends nothing and is flagged
+on its MemberCluster and on the node, which stays Ready; its pods are declared lost only after
+`pods_lost_after` (federation.outages). Pods go to members through federation.dispatch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
-from federation import capacity, forge, memberexec, memberforward, memberlogs, outages, quantities, routing
+from federation import forge, memberexec, memberforward, memberlogs, outages
 from federation.agent.client import AgentSource
-from federation.capacity import Damper, MemberCapacity
+from federation.capacity import MemberCapacity
 from federation.config import FederationConfig, MemberConfig
 from federation.dispatch import Dispatcher, Job
 from federation.memberobjects import MemberObjects
@@ -32,6 +30,7 @@ from federation.members import CapacitySource, DirectSource, Member, UnusableSou
 from federation.memberstreams import StreamLimits
 from federation.reclaim import Reclaimer, ReclaimMetrics
 from federation.tide import FleetMetrics, GangMetrics, MemberState, Tide, TideMetrics
+from federation.virtualnodes import VirtualNodes
 from federation.webhook import RoutingWebhook
 from vkprovider import logs
 from vkprovider.events import EventRecorder
@@ -50,9 +49,6 @@ from vkprovider.provider import (
 )
 from vkprovider.settings import SettingsError
 
-GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
-MEMBER_LABEL = "vkprovider.io/member"
-
 
 class FederationProvider:
     def __init__(
@@ -69,11 +65,11 @@ class FederationProvider:
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
         self._dashboard: bytes | None = None
         self.members: dict[str, Member] = {}
-        self._node_callbacks: list[Callable[[str], None]] = []
         self._node_set_callbacks: list[Callable[[], None]] = []
         self._dirty = asyncio.Event()
-        self._dampers: dict[str, Damper] = {}
-        self._published: dict[str, NodeStatus] = {}
+        self.nodes = VirtualNodes(
+            node_name, self.members, per_member=config.virtual_nodes == "per-member", damping_hold=config.damping_hold
+        )
         self._source_factory = source_factory or self._default_source
         self._client: KubeClient | None = None
         self._objects: MemberObjects | None = None  # from run(), if MemberCluster objects are followed
@@ -93,7 +89,7 @@ class FederationProvider:
         )
         self.orphans = outages.OrphanReconciler(
             members=lambda: {n: m for n, m in self.members.items() if m.serves_pods},
-            node_of=self._node_of_member,
+            node_of=self.nodes.node_of,
             interval=config.orphan_interval,
         )
         self.announcer = outages.Announcer(
@@ -215,77 +211,16 @@ class FederationProvider:
     # -- nodes -----------------------------------------------------------------------------------
 
     def node_names(self) -> list[str]:
-        if self.config.virtual_nodes == "pooled":
-            return [self.node_name]
-        return [
-            f"{self.node_name}-{name}" for name, m in sorted(self.members.items()) if m.config.enabled or m.draining
-        ]
+        return self.nodes.names()
 
     def notify_node_set(self, callback: Callable[[], None]) -> None:
         self._node_set_callbacks.append(callback)
 
-    def _node_of_member(self, name: str) -> str:
-        return self.node_name if self.config.virtual_nodes == "pooled" else f"{self.node_name}-{name}"
-
-    def _members_of(self, node: str) -> list[Member]:
-        if self.config.virtual_nodes == "pooled":
-            return [m for m in self.members.values() if m.config.enabled]
-        return [
-            m
-            for name, m in self.members.items()
-            if f"{self.node_name}-{name}" == node and (m.config.enabled or m.draining)
-        ]
-
-    def _compute_node(self, node: str) -> NodeStatus:
-        members = self._members_of(node)
-        total: dict[str, int] = {}
-        models: set[str] = set()
-        shapes: dict[str, Any] = {}
-        unreachable = []
-        for member in members:
-            summary = member.summary
-            if not member.reachable:
-                unreachable.append(member.name)
-            if summary is None or not member.reachable:
-                continue
-            total = quantities.add(total, summary.capacity)
-            models |= {m for m, n in summary.gpus_total_by_model.items() if n}
-            shapes[member.name] = {
-                "largest": {k: _fmt(v) for k, v in summary.largest.items()},
-                "gpusByModel": summary.gpus_by_model,
-                "networkPods": {k: _fmt(v, brief=True) for k, v in sorted(summary.network_pods.items())},
-                "numaLargestZone": _fmt(summary.numa_largest, brief=True),
-            }
-        for name in capacity.TRACKED:
-            total.setdefault(name, 0)
-        node_labels = {f"{GPU_LABEL_PREFIX}{model}": "true" for model in sorted(models)}
-        node_labels[routing.INSTANCE_KEY] = self.node_name  # what the routing webhook selects
-        if self.config.virtual_nodes == "per-member" and members:
-            node_labels[MEMBER_LABEL] = members[0].name
-            if len(models) == 1:
-                node_labels["nvidia.com/gpu.product"] = next(iter(models))
-        message = (
-            "all members reachable" if not unreachable else f"unreachable, capacity withdrawn: {', '.join(unreachable)}"
-        )
-        return NodeStatus(
-            capacity={k: quantities.format_quantity(k, max(0, v)) for k, v in sorted(total.items())},
-            labels=node_labels,
-            annotations={"vkprovider.io/capacity-shapes": json.dumps(shapes, sort_keys=True, separators=(",", ":"))},
-            conditions=[
-                {
-                    "type": "MembersReachable",
-                    "status": "False" if unreachable else "True",
-                    "reason": "MemberUnreachable" if unreachable else "AllReachable",
-                    "message": message,
-                }
-            ],
-        )
-
     async def node_status(self, node_name: str) -> NodeStatus:
-        return self._published.get(node_name) or self._compute_node(node_name)
+        return self.nodes.status(node_name)
 
     def notify_node_status(self, callback: Callable[[str], None]) -> None:
-        self._node_callbacks.append(callback)
+        self.nodes.notify(callback)
 
     def _publish(self) -> None:
         """Recompute summaries and node status; notify nodes whose published status changed."""
@@ -301,17 +236,7 @@ class FederationProvider:
             if member.source.synced.is_set():
                 member.summary = member.source.summarize(member.config.capacity.policy())
                 member.summary.reachable = member.reachable
-        for node in self.node_names():
-            computed = self._compute_node(node)
-            damper = self._dampers.setdefault(node, Damper(hold=self.config.damping_hold))
-            vector = quantities.vector(computed.capacity)
-            published, changed = damper.update(vector, now)
-            computed.capacity = {k: quantities.format_quantity(k, v) for k, v in sorted(published.items())}
-            previous = self._published.get(node)
-            self._published[node] = computed
-            if changed or previous is None or _meta_differs(previous, computed):
-                for callback in self._node_callbacks:
-                    callback(node)
+        self.nodes.publish(now)
         self.tide.observe(m.summary for m in self.members.values() if m.summary is not None)
 
     def _follow_outage(self, member: Member) -> None:
@@ -422,28 +347,6 @@ class FederationProvider:
 
     def view(self) -> dict[str, Any]:
         """The resource view: per member and per virtual node, capacity, use, shapes and health."""
-        members = {}
-        for name, member in sorted(self.members.items()):
-            entry: dict[str, Any] = {
-                "enabled": member.config.enabled,
-                "reachable": member.reachable,
-                "source": member.config.source,
-                "unreachableFor": None if member.reachable else round(member.source.unreachable_for(), 1),
-                "lastError": member.source.last_error,
-            }
-            if member.summary is not None:
-                entry.update(member.summary.to_json())
-            members[name] = entry
-        nodes = {}
-        for node in self.node_names():
-            status = self._published.get(node)
-            if status is not None:
-                nodes[node] = {
-                    "capacity": status.capacity,
-                    "labels": status.labels,
-                    "conditions": status.conditions,
-                    "members": [m.name for m in self._members_of(node)],
-                }
         jobs = {}
         for key, job in sorted(self.dispatcher.jobs.items()):
             state = _job_state(job)
@@ -454,10 +357,12 @@ class FederationProvider:
                 "state": state,
                 "networkPod": job.place.network_pod if job.place else None,
             }
-        for name, member in self.members.items():
-            if member.draining and name in members:
-                members[name]["draining"] = True
-        return {"members": members, "virtualNodes": nodes, "jobs": jobs, "reclaims": self.reclaimer.view()}
+        return {
+            "members": {name: member.view() for name, member in sorted(self.members.items())},
+            "virtualNodes": self.nodes.view(),
+            "jobs": jobs,
+            "reclaims": self.reclaimer.view(),
+        }
 
     def dashboard_page(self) -> bytes:
         """The dashboard (federation/dashboard/index.html), read once."""
@@ -596,18 +501,9 @@ class FederationProvider:
         return out
 
 
-def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:
-    keep = (quantities.CPU, quantities.MEMORY, quantities.GPU) if brief else capacity.TRACKED
-    return {k: quantities.format_quantity(k, v) for k, v in sorted(vec.items()) if k in keep}
-
-
 def _job_state(job: Job) -> str:
     """waiting, dispatched, or why it failed (GangTimeout, MemberRemoved)."""
     return job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
-
-
-def _meta_differs(a: NodeStatus, b: NodeStatus) -> bool:
-    return a.labels != b.labels or a.annotations != b.annotations or a.conditions != b.conditions
 
 
 def from_settings(settings: Any) -> FederationProvider:
