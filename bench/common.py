@@ -251,11 +251,12 @@ def lab_pids(state: Path, clusters: list[str]) -> dict[str, int]:
 
 
 class NamespaceWatch:
-    """A watch of one namespace's pods for the length of a block, each object handed to
-    `observed` as it arrives (at what time, the subclass records)."""
+    """A watch of one namespace's pods (those `selector` selects) for the length of a block,
+    each object handed to `observed` as it arrives (at what time, the subclass records)."""
 
-    def __init__(self, client: KubeClient, namespace: str) -> None:
+    def __init__(self, client: KubeClient, namespace: str, *, selector: str = "") -> None:
         self.client, self.namespace = client, namespace
+        self.params = {"labelSelector": selector} if selector else None
         self.task: asyncio.Task[None] | None = None
 
     def observed(self, obj: dict[str, Any]) -> None:
@@ -263,9 +264,9 @@ class NamespaceWatch:
 
     async def _run(self) -> None:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
-        rv = (await self.client.list(path))["metadata"]["resourceVersion"]
+        rv = (await self.client.list(path, params=self.params))["metadata"]["resourceVersion"]
         while True:  # the apiserver may end a watch early: go on from the last version seen
-            async for event in self.client.watch(path, resource_version=rv):
+            async for event in self.client.watch(path, resource_version=rv, params=self.params):
                 obj = event["object"]
                 rv = obj["metadata"].get("resourceVersion", rv)
                 if event["type"] in ("ADDED", "MODIFIED"):

@@ -149,9 +149,14 @@ class Phases(NamespaceWatch):
     """Times each pod in a namespace was first seen in a phase, by a watch."""
 
     def __init__(
-        self, client: KubeClient, namespace: str, *, name_of: Callable[[dict[str, Any]], str] | None = None
+        self,
+        client: KubeClient,
+        namespace: str,
+        *,
+        name_of: Callable[[dict[str, Any]], str] | None = None,
+        selector: str = "",
     ) -> None:
-        super().__init__(client, namespace)
+        super().__init__(client, namespace, selector=selector)
         self._name_of = name_of or (lambda obj: str(obj["metadata"]["name"]))
         self.seen: dict[str, dict[str, float]] = collections.defaultdict(dict)
 

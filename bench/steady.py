@@ -34,13 +34,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench import cpufloor, endtoend
+from bench import cpufloor, endtoend, observer
 from bench.common import CpuMeter, Profile, bucket_quantile, lab_pids, on_lab, weigh_cpu
 from e2e import audit
 from e2e import lab as lab_mod
 from e2e.state import LabState
 from federation import forge
 from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
+
+#: On the pods the churn creates (and, copied, on their member copies): what bench.observer watches.
+CHURN = "bench.vkprovider.io/churn"
 
 
 def _origin(obj: dict[str, Any]) -> str:
@@ -61,9 +64,9 @@ async def _churn(
             await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
             name = f"{prefix}{i:05d}"
             created.append(name)
-            group.create_task(
-                front.create(f"/api/v1/namespaces/{ns}/pods", endtoend.pod(name, node)), name=f"bench-churn/+{name}"
-            )
+            body = endtoend.pod(name, node)
+            body["metadata"]["labels"] = {CHURN: "1"}
+            group.create_task(front.create(f"/api/v1/namespaces/{ns}/pods", body), name=f"bench-churn/+{name}")
             if old:
                 victim = old.pop(0)
                 group.create_task(
@@ -94,7 +97,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
     member_ns = forge.member_namespace(ns, endtoend.PREFIX)
     result: dict[str, Any] = {"pods": args.pods, "members": len(endtoend.members(lab)), "cpu_nice": args.cpu_nice}
     async with (
-        endtoend.provider(lab, workdir, node, pods={"workers": args.workers} if args.workers else None) as proc,
+        endtoend.provider(lab, workdir, node, pods=_pod_settings(args)) as proc,
         KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front,
     ):
         cpu = endtoend.Cpu(proc.pid)
@@ -158,6 +161,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                     **lab_pids(state, list(lab.clusters)),
                 }
             )
+            watcher = await stack.enter_async_context(observer.Observer(_streams(lab, ns, floor.namespace), workdir))
             meter.start()
             before, t0, seen = cpu.seconds(), time.monotonic(), await proc.histograms()
             with Profile(proc.pid, args.profile):
@@ -182,9 +186,15 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                 "machine idle": used.get("machine idle", 0.0),
                 "machine steal": used.get("machine steal", 0.0),
             }
-            front_running = dict(phases.times("Running"))
-            member_running = _running(watches)
-            floor_front, floor_member = _running(floor_watches[:1]), _running(floor_watches[1:])
+            # The round trips as this process's watches saw them, for comparison with the
+            # observer's below (the difference is this process's own delay in reading).
+            bench_seen = {
+                "provider": _trip_summary(_trips(new, dict(phases.times("Running")), _running(watches), t0)),
+                "floor": _trip_summary(_trips(floor_new, _running(floor_watches[:1]), _running(floor_watches[1:]), t0)),
+            }
+            observed = await watcher.stop()
+            front_running, member_running = _observed(observed, "front"), _observed(observed, "member/")
+            floor_front, floor_member = _observed(observed, "floor"), _observed(observed, "floor-member/")
             floor_trips = _trips(floor_new, floor_front, floor_member, t0)
             limit = TARGETS["churn.round_trip_ms_p99"] / 1000
             slow = {n for n in new if front_running.get(n, 0.0) - member_running.get(n, math.inf) > limit}
@@ -194,6 +204,7 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                 "pods_per_s": args.churn,
                 "seconds": args.seconds,
                 **_trip_summary(_trips(new, front_running, member_running, t0)),
+                "seen_by_this_process": bench_seen,
                 "started_at": round(t0, 3),  # time.monotonic, as bench.stalls's records
                 "split_ms": _split(front_audit, ns, set(new), member_running, front_running, endtoend.USER),
                 "slow_split_ms": _split(front_audit, ns, slow, member_running, front_running, endtoend.USER),
@@ -224,10 +235,43 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
     return result
 
 
+def _pod_settings(args: argparse.Namespace) -> dict[str, int] | None:
+    """The provider's `pods` settings the command line overrides (none: its defaults)."""
+    settings = {"workers": args.workers, "status_workers": args.status_workers}
+    return {k: v for k, v in settings.items() if v} or None
+
+
 def _running(watches: list[endtoend.Phases]) -> dict[str, float]:
     out: dict[str, float] = {}
     for watch in watches:
         out.update(watch.times("Running"))
+    return out
+
+
+def _streams(lab: LabState, ns: str, floor_ns: str) -> list[observer.Stream]:
+    """What bench.observer times: the churn's pods at the front end and in each member (by
+    label: the namespaces hold 10,000 others), and the floor's (its namespace holds no others)."""
+    front, selector = str(lab.kubeconfig("offline")), f"{CHURN}=1"
+    member_ns = forge.member_namespace(ns, endtoend.PREFIX)
+    streams = [observer.Stream(name="front", kubeconfig=front, namespace=ns, selector=selector, key="name")]
+    streams.append(observer.Stream(name="floor", kubeconfig=front, namespace=floor_ns, selector="", key="name"))
+    for m in endtoend.members(lab):
+        config = str(lab.kubeconfig(m))
+        streams += [
+            observer.Stream(
+                name=f"member/{m}", kubeconfig=config, namespace=member_ns, selector=selector, key=forge.ORIGIN_NAME
+            ),
+            observer.Stream(name=f"floor-member/{m}", kubeconfig=config, namespace=floor_ns, selector="", key="name"),
+        ]
+    return streams
+
+
+def _observed(seen: dict[str, observer.Seen], prefix: str) -> dict[str, float]:
+    """When each pod was first seen Running in the streams named `prefix` (or starting so)."""
+    out: dict[str, float] = {}
+    for stream, pods in seen.items():
+        if stream == prefix or (prefix.endswith("/") and stream.startswith(prefix)):
+            out.update({name: phases["Running"] for name, phases in pods.items() if "Running" in phases})
     return out
 
 
@@ -360,6 +404,9 @@ def main() -> None:
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds over which idle CPU is read")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
     parser.add_argument("--workers", type=int, default=0, help="the provider's pods.workers (default: its own)")
+    parser.add_argument(
+        "--status-workers", type=int, default=0, help="the provider's pods.status_workers (default: its own)"
+    )
     parser.add_argument(
         "--floor", type=float, default=4.0, help="pods/s fed to the floor process during the churn, for comparison"
     )
