@@ -9,7 +9,7 @@ Reports:
     under 0.05 cores);
   - under a churn of --churn pods/s (one new pod created and one old deleted each 1/churn s):
     the status round trip, member pod Running -> front-end pod Running, p50/p99 (target: p99
-    under 500 ms), both seen by this process's own watches; and the provider's cores meanwhile,
+    under 500 ms), both seen by bench.observer, a process of its own; and the provider's cores meanwhile,
     with where its time went (its sync, queue-wait and event-loop-lag histograms). The churn
     lasts 120 s by default, as long as the provider's orphan interval: every churn includes
     one orphan check, a pass over all the pods held.
@@ -307,9 +307,9 @@ def _split(
     user: str,
 ) -> dict[str, Any]:
     """Where the round trips of `names` lost their time, from the front end's audit `records`
-    of `user`: member Running (this process's watch) -> the status patch received by the
+    of `user`: member Running seen -> the status patch received by the
     apiserver (the relay's watch of the member, its queue and its work) -> the patch answered (the apiserver) ->
-    front-end Running seen by this process's watch. p50, p99 and max, ms."""
+    front-end Running seen. `member` and `front` are bench.observer's times. p50, p99 and max, ms."""
     names = {n for n in names if n in member and n in front}
     if not names:
         return {}
@@ -345,7 +345,7 @@ def _split(
 def _creates_late(
     lab: LabState, member_ns: str, names: set[str], member: dict[str, float], user: str
 ) -> dict[str, Any]:
-    """For the slow trips: how long after the member pod was seen Running (this process's watch)
+    """For the slow trips: how long after the member pod was seen Running (bench.observer)
     the provider's create of it was answered (the members' audit logs). Above zero, the pod ran
     while the create was still in flight, and its status waited for that sync."""
     wall = time.time() - time.monotonic()
