@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, cast
 
 from federation import disruption, forge, hybrid, outages, placement, podsecurity
@@ -34,12 +34,12 @@ from federation.capacity import MemberCapacity
 from federation.inventory import pod_requests
 from federation.jobs import (
     GROUP_RESOURCES,
-    GangSpec,
     JobRef,
     gang_of,
     job_of,
     role_of,
 )
+from federation.jobstate import Job, reported_status
 from federation.memberpods import MemberPods, Tombstones, new_tombstones
 from federation.memberwrites import MemberWriter
 from federation.nativepods import NativePods
@@ -53,50 +53,11 @@ from vkprovider.kube import (
     NotFound,
 )
 from vkprovider.objects import Pod, PodStatus, pod_key
-from vkprovider.podstatus import failed_status
 from vkprovider.podstore import PodOverlay, PodSubset
 from vkprovider.provider import ProviderError, ProviderInvalid
 
 PIN = forge.MEMBER
 RECLAIM_AT = disruption.RECLAIM_AT
-
-
-def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
-    namespace, _, name = key.partition("/")
-    uid = ((member_pod or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
-    spec = (member_pod or {}).get("spec") or {"containers": []}
-    return {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": spec}
-
-
-@dataclass(slots=True)
-class Job:
-    ref: JobRef
-    gang: GangSpec
-    pods: PodSubset[Pod]  # front-end pods by ns/name, held in the dispatcher's one PodStore
-    member: str | None = None
-    place: placement.Placement | None = None
-    ready_at: float | None = None  # when the gang's minimum was first bound
-    dispatched_at: float | None = None
-    excluded: set[str] = field(default_factory=set)
-    failed: str | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    timer: asyncio.Task[None] | None = None
-    has_group: bool = False  # the job has a front-end group object (PodGroup): its pin goes there
-    recorded: str | None = None  # the member the group object names (vkprovider.io/member)
-    core: set[str] = field(default_factory=set)  # pods dispatched as the gang (the rest are elastic)
-    role: str = "worker-min"  # the gang core's shared priority role
-    native: int = 0  # the job's pods on native nodes, when last counted
-    #: The member gang's minimum once dispatched (the virtual part of the job's minimum);
-    #: None before, 0 or 1 when the native pods alone meet the minimum (no gang in the member).
-    member_min: int | None = None
-    incomplete_told: bool = False
-
-    @property
-    def member_gang(self) -> GangSpec:
-        """The gang as the member sees it: the job's, with the virtual part's minimum."""
-        if self.member_min is None or self.member_min == self.gang.min_member:
-            return self.gang
-        return replace(self.gang, min_member=max(1, self.member_min))
 
 
 class Dispatcher:
@@ -529,41 +490,18 @@ class Dispatcher:
         pod = job.pods.get(key) if job else None
         found = self.member_pod(key)
         if found is not None:
-            member, member_pod = found
-            self.placed[key] = member
-            outage = self._outage(member)
-            if outage is not None and outage.state == "lost":
-                node = member_pod.get("spec", {}).get("nodeName") or "no node"
-                lost = outages.lost(member, node, outage)
-                return pod, disruption.disrupted_status(pod or _stub(key, member_pod), lost)
-            stopped = disruption.cause_of(member_pod, member=member, gone=False)
-            if stopped is not None:
-                return pod, disruption.disrupted_status(pod or _stub(key, member_pod), stopped)
-            status = forge.status_from_member(member_pod)
-            if outage is not None and status.get("phase") not in outages.TERMINAL:
-                # Last known status, and why it may be stale.
-                status["conditions"] = [*status.get("conditions", []), outages.unreachable_condition(member, outage)]
-            return pod, status
-        tomb = self.tombstone(key)
-        if tomb is not None:
-            last, what = tomb
-            return pod, disruption.disrupted_status(pod or _stub(key, last), what)
-        gone_from = self.placed.get(key)
-        if gone_from is not None and gone_from not in self._members():
-            message = f"member {gone_from} was removed; the pod is not moved to another member"
-            return pod, failed_status(pod or _stub(key, None), reason="MemberRemoved", message=message)
-        if job is None or pod is None:
-            return None, None
-        if job.failed == "GangTimeout":
-            message = f"no member bound the gang of {job.gang.min_member} within {job.gang.timeout:.0f}s"
-            return pod, failed_status(pod, reason="GangTimeout", message=message, exit_code=1)
-        if job.failed:
-            return pod, failed_status(pod, reason=job.failed, message=f"the job's member {job.failed}", exit_code=1)
-        if job.gang.is_gang and job.dispatched_at is None:
-            bound = len(job.pods) + job.native
-            minimum = job.gang.min_member
-            return pod, forge.waiting_status(bound=min(bound, minimum), minimum=minimum, native=job.native)
-        return None, None
+            self.placed[key] = found[0]
+        status = reported_status(
+            key,
+            job,
+            pod,
+            member_pod=found,
+            outage=self._outage(found[0]) if found is not None else None,
+            tomb=self.tombstone(key) if found is None else None,
+            gone_from=self.placed.get(key),
+            members=self._members(),
+        )
+        return (pod, status) if status is not None else (None, None)
 
     def tombstone(self, key: str) -> tuple[dict[str, Any], disruption.Disruption] | None:
         """The last state of the pod's member pod and why it was taken away, if it was."""

@@ -23,7 +23,8 @@ from federation import forge, memberexec, memberforward, memberlogs, outages
 from federation.agent.client import AgentSource
 from federation.capacity import MemberCapacity
 from federation.config import FederationConfig, MemberConfig
-from federation.dispatch import Dispatcher, Job
+from federation.dispatch import Dispatcher
+from federation.jobstate import Job
 from federation.memberobjects import MemberObjects
 from federation.memberpods import MemberPods
 from federation.members import CapacitySource, DirectSource, Member, UnusableSource
