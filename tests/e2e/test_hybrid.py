@@ -265,8 +265,16 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
         now = await eventually(timed_out, timeout=60, what="the virtual part ending GangTimeout")
         for i in range(2):
             assert now[f"big-v{i}"]["status"]["reason"] == "GangTimeout", now[f"big-v{i}"]["status"]
-        listed = await offline.list(f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangTimeout"})
-        assert {e["involvedObject"]["name"] for e in listed["items"]} >= {"big-v0", "big-v1"}
+
+        async def told() -> bool:
+            listed = await offline.list(
+                f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangTimeout"}
+            )
+            return {e["involvedObject"]["name"] for e in listed["items"]} >= {"big-v0", "big-v1"}
+
+        # Each pod's Event is its own create, sent after the job's pods were woken for their
+        # Failed status: a status may be seen before the last Event (a full run, 97f3bd8).
+        await eventually(told, timeout=15, what="a GangTimeout Event on each virtual pod")
         await asyncio.sleep(1)
         watch.check()
         assert not any(watch.seen.values()), f"a member held pods of a gang it could not host: {watch.seen}"
