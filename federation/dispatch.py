@@ -499,7 +499,7 @@ class Dispatcher:
             outage=self._outage(found[0]) if found is not None else None,
             tomb=self.tombstone(key) if found is None else None,
             gone_from=self.placed.get(key),
-            members=self._members(),
+            members=self._members,
         )
         return (pod, status) if status is not None else (None, None)
 

@@ -8,7 +8,7 @@ the runtime for every status sync, and is tested without a dispatcher, a member 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,7 +50,7 @@ class Job:
         return replace(self.gang, min_member=max(1, self.member_min))
 
 
-def stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
+def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
     """A front-end pod to report on when the dispatcher no longer holds it (after a restart):
     its name, and the uid and spec its member copy carries."""
     namespace, _, name = key.partition("/")
@@ -68,20 +68,22 @@ def reported_status(
     outage: outages.Outage | None,
     tomb: tuple[dict[str, Any], disruption.Disruption] | None,
     gone_from: str | None,
-    members: Container[str],
+    members: Callable[[], Container[str]],
 ) -> PodStatus | None:
     """The status front-end pod `key` reports (None: nothing to report), in order: its member
     pod's, marked lost or possibly stale while its member (`outage`) is out, or how it was
     stopped there; how it was taken away (`tomb`); Failed when the member it ran in
-    (`gone_from`) is no longer configured; its job's failure; a gang's wait for its minimum."""
+    (`gone_from`) is no longer one of `members` (asked only then: the dispatcher builds that
+    view afresh, and this runs for every status sync); its job's failure; a gang's wait for
+    its minimum."""
     if member_pod is not None:
         member, found = member_pod
         if outage is not None and outage.state == "lost":
             node = found.get("spec", {}).get("nodeName") or "no node"
-            return disruption.disrupted_status(pod or stub(key, found), outages.lost(member, node, outage))
+            return disruption.disrupted_status(pod or _stub(key, found), outages.lost(member, node, outage))
         stopped = disruption.cause_of(found, member=member, gone=False)
         if stopped is not None:
-            return disruption.disrupted_status(pod or stub(key, found), stopped)
+            return disruption.disrupted_status(pod or _stub(key, found), stopped)
         status = forge.status_from_member(found)
         if outage is not None and status.get("phase") not in outages.TERMINAL:
             # Last known status, and why it may be stale.
@@ -89,10 +91,10 @@ def reported_status(
         return status
     if tomb is not None:
         last, what = tomb
-        return disruption.disrupted_status(pod or stub(key, last), what)
-    if gone_from is not None and gone_from not in members:
+        return disruption.disrupted_status(pod or _stub(key, last), what)
+    if gone_from is not None and gone_from not in members():
         message = f"member {gone_from} was removed; the pod is not moved to another member"
-        return failed_status(pod or stub(key, None), reason="MemberRemoved", message=message)
+        return failed_status(pod or _stub(key, None), reason="MemberRemoved", message=message)
     if job is None or pod is None:
         return None
     if job.failed == "GangTimeout":

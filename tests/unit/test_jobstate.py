@@ -36,7 +36,13 @@ def job(minimum: int = 1, **fields: Any) -> Job:
 
 
 def report(j: Job | None, **given: Any) -> Any:
-    args: dict[str, Any] = {"member_pod": None, "outage": None, "tomb": None, "gone_from": None, "members": {"m1"}}
+    args: dict[str, Any] = {
+        "member_pod": None,
+        "outage": None,
+        "tomb": None,
+        "gone_from": None,
+        "members": lambda: {"m1"},
+    }
     return reported_status(KEY, j, j.pods.get(KEY) if j else None, **{**args, **given})
 
 
