@@ -23,8 +23,8 @@ import tracemalloc
 import uuid
 from typing import Any
 
-from federation.capacity import CapacityPolicy, Summarizer, summarize
-from federation.inventory import Inventory
+from federation.capacity.inventory import Inventory
+from federation.capacity.summary import CapacityPolicy, Summarizer, summarize
 
 PROFILES = [
     {"cpu": "95", "memory": "376Gi", "gpu": 0, "product": None},

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from e2e.browser import Browser, wait_for
-from federation.tide import thin
+from federation.view.tide import thin
 
 MEMBERS = 3
 JOBS = 500

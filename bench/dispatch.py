@@ -51,8 +51,8 @@ import aiohttp
 from bench import cpufloor, endtoend
 from bench.common import CpuMeter, NamespaceWatch, Profile, Provider, lab_pids, on_lab, per_pod
 from e2e import lab as lab_mod
-from federation import forge
 from federation.config import MemberConfig
+from federation.dispatch import forge
 from vkprovider.kube import KubeClient, NotFound, ensure_namespace, load_kubeconfig
 from vkprovider.settings import PodSettings
 

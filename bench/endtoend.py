@@ -26,8 +26,8 @@ from bench.common import NamespaceWatch, Profile, Provider
 from e2e import audit
 from e2e import lab as lab_mod
 from e2e.state import LabState
-from federation import forge
 from federation.config import MemberConfig
+from federation.dispatch import forge
 from vkprovider.kube import KubeClient, NotFound, ServerError, Unreachable, ensure_namespace, load_kubeconfig
 
 USER = "vkprovider-bench"

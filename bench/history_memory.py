@@ -16,9 +16,9 @@ import time
 import tracemalloc
 from typing import Any
 
-from federation import quantities
-from federation.capacity import MemberCapacity
-from federation.tide import Tide
+from federation.capacity import quantities
+from federation.capacity.summary import MemberCapacity
+from federation.view.tide import Tide
 
 MODELS = ("A100", "H100", "V100", "T4")
 NODES = 2000

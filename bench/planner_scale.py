@@ -21,7 +21,7 @@ import random
 import statistics
 import time
 
-from federation import planner
+from federation.reclaim import planner
 
 CPU, MEMORY, PODS = "cpu", "memory", "pods"
 BANDS = ("ps", "worker-min", "worker-max")

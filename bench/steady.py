@@ -39,7 +39,7 @@ from bench.common import CpuMeter, Profile, bucket_quantile, lab_pids, on_lab, w
 from e2e import audit
 from e2e import lab as lab_mod
 from e2e.state import LabState
-from federation import forge
+from federation.dispatch import forge
 from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
 
 #: On the pods the churn creates (and, copied, on their member copies): what bench.observer watches.

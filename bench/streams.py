@@ -28,7 +28,7 @@ from typing import Any
 from bench.common import CpuMeter, Provider, lab_pids, on_lab
 from e2e import binaries
 from e2e import lab as lab_mod
-from federation import forge
+from federation.dispatch import forge
 from vkprovider.kube import KubeClient, load_kubeconfig
 
 MIB = 1024 * 1024

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from federation import labels
 from federation.agent.server import serve
-from federation.watch import MemberWatcher
+from federation.members.watch import MemberWatcher
 from vkprovider import logs
 from vkprovider.kube.access import KubeconfigError, load_kubeconfig
 from vkprovider.settings import LogSettings

@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from federation import labels, quantities
-from federation.capacity import CapacityPolicy, TimeWindow
+from federation import labels
+from federation.capacity import quantities
+from federation.capacity.summary import CapacityPolicy, TimeWindow
 from federation.podsecurity import DEFAULT as DEFAULT_POD_SECURITY
 from federation.podsecurity import Level
 

@@ -19,20 +19,24 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
-from federation import forge, memberexec, memberforward, memberlogs, outages
 from federation.agent.client import AgentSource
-from federation.capacity import MemberCapacity
+from federation.capacity.nodes import VirtualNodes
+from federation.capacity.summary import MemberCapacity
 from federation.config import FederationConfig, MemberConfig
-from federation.dispatch import Dispatcher
-from federation.jobstate import Job
-from federation.memberobjects import MemberObjects
-from federation.memberpods import MemberPods
-from federation.members import CapacitySource, DirectSource, Member, UnusableSource
-from federation.memberstreams import StreamLimits
-from federation.reclaim import Reclaimer, ReclaimMetrics
-from federation.tide import FleetMetrics, GangMetrics, MemberState, Tide, TideMetrics
-from federation.virtualnodes import VirtualNodes
-from federation.webhook import RoutingWebhook
+from federation.dispatch import forge
+from federation.dispatch.dispatcher import Dispatcher
+from federation.dispatch.jobstate import Job
+from federation.dispatch.webhook import RoutingWebhook
+from federation.members import outages
+from federation.members.member import CapacitySource, DirectSource, Member, UnusableSource
+from federation.members.objects import MemberObjects
+from federation.members.pods import MemberPods
+from federation.reclaim.reclaimer import Reclaimer, ReclaimMetrics
+from federation.streams import exec as memberexec
+from federation.streams import forward as memberforward
+from federation.streams import logs as memberlogs
+from federation.streams.session import StreamLimits
+from federation.view.tide import FleetMetrics, GangMetrics, MemberState, Tide, TideMetrics
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ClusterAccess, KubeClient, load_kubeconfig
@@ -366,9 +370,9 @@ class FederationProvider:
         }
 
     def dashboard_page(self) -> bytes:
-        """The dashboard (federation/dashboard/index.html), read once."""
+        """The dashboard (federation/view/dashboard/index.html), read once."""
         if self._dashboard is None:
-            self._dashboard = importlib.resources.files("federation").joinpath("dashboard/index.html").read_bytes()
+            self._dashboard = importlib.resources.files("federation").joinpath("view/dashboard/index.html").read_bytes()
         return self._dashboard
 
     def history(

@@ -72,10 +72,10 @@ def _tune_gc() -> None:
 
 #: Commands a provider adds (settings.provider.type -> command -> "module:function"), found by
 #: name like the providers themselves: the runtime does not import the packages above it.
-PROVIDER_COMMANDS = {"federation": {"drain": "federation.drain:main"}}
+PROVIDER_COMMANDS = {"federation": {"drain": "federation.reclaim.drain:main"}}
 #: Modules adding commands that need no settings (each has add_arguments(subparsers) and
 #: main(args), and owns the commands it adds): `onboard` and `offboard`.
-TOOL_MODULES = {"federation.onboard": ("onboard", "offboard")}
+TOOL_MODULES = {"federation.tenancy.onboard": ("onboard", "offboard")}
 
 
 def _drain(args: argparse.Namespace) -> int:

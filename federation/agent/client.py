@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import grpc
 
-from federation import capacity
 from federation.agent import capacity_pb2 as pb
 from federation.agent import capacity_pb2_grpc as pb_grpc
 from federation.agent.convert import apply_node, remove_node
-from federation.capacity import MemberCapacity
+from federation.capacity import summary as capacity
+from federation.capacity.inventory import Inventory
+from federation.capacity.summary import MemberCapacity
 from federation.config import MemberConfig
-from federation.inventory import Inventory
 from vkprovider import logs
 
 

@@ -4,7 +4,7 @@ both sides mean the same thing by a node."""
 from __future__ import annotations
 
 from federation.agent import capacity_pb2 as pb
-from federation.inventory import Inventory, NodeRecord, NumaZone
+from federation.capacity.inventory import Inventory, NodeRecord, NumaZone
 
 
 def _resources(vector: dict[str, int]) -> list[pb.Resource]:

@@ -13,7 +13,7 @@ import grpc
 from federation.agent import capacity_pb2 as pb
 from federation.agent import capacity_pb2_grpc as pb_grpc
 from federation.agent.convert import node_message
-from federation.watch import MemberWatcher
+from federation.members.watch import MemberWatcher
 from vkprovider import logs
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from vkprovider.kube import ApiError, Gone
 
 PODS = "/api/v1/pods"

@@ -21,7 +21,7 @@ import yaml
 
 from e2e import binaries
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from tests.e2e.helpers import eventually, install_member_cluster_crd, make_namespace, pods, service_account_kubeconfig
 from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
 from tests.e2e.vk import VkProcess

@@ -17,7 +17,7 @@ import pytest
 from e2e import online
 from e2e.browser import Browser, wait_for
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from tests.e2e.helpers import eventually, make_namespace
 from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import federation_vk

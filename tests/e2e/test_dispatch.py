@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from federation.jobs import JobRef
 from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import MemberWatch, partial_spans

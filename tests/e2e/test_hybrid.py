@@ -16,7 +16,7 @@ import pytest
 
 from e2e import nodes, online
 from e2e.fixtures import Lab
-from federation import forge, routing
+from federation.dispatch import forge, routing
 from federation.jobs import JobRef
 from tests.e2e.helpers import eventually, make_namespace, pods
 from tests.e2e.memberwatch import MemberWatch

@@ -19,8 +19,10 @@ import pytest
 import yaml
 
 from e2e.fixtures import Lab
-from federation import labels, reflect, tenancy
-from federation.onboard import KINDS, collection
+from federation import labels
+from federation.dispatch import reflect
+from federation.tenancy import policy as tenancy
+from federation.tenancy.onboard import KINDS, collection
 from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
 from tests.e2e.test_federation_capacity import PUBLISH_INTERVAL, UNREACHABLE_GRACE
 from tests.e2e.test_outages import plain_pod

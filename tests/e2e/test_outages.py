@@ -23,7 +23,7 @@ import pytest
 from e2e import audit, binaries
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from tests.e2e.helpers import eventually, make_namespace, pods
 from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import UNREACHABLE_GRACE, federation_vk

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.test_dispatch import cleanup, cleanup_and_stop, start_synced

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from e2e.fixtures import Lab
-from federation import forge
+from federation.dispatch import forge
 from tests.e2e.helpers import eventually, make_namespace, pod
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.test_dispatch import cleanup_and_stop

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from federation import quantities
-from federation.capacity import CapacityPolicy, Damper, TimeWindow, summarize
-from federation.inventory import Inventory, pod_requests
+from federation.capacity import quantities
+from federation.capacity.inventory import Inventory, pod_requests
+from federation.capacity.summary import CapacityPolicy, Damper, TimeWindow, summarize
 
 GI = 2**30
 
@@ -247,7 +247,7 @@ def test_incremental_summaries_equal_full_ones_under_random_events() -> None:
     `summarize` gives (the fake sizes stand in for a cluster; pure logic, no apiserver)."""
     import random
 
-    from federation.capacity import Summarizer
+    from federation.capacity.summary import Summarizer
 
     rng = random.Random(7)
     products = [None, "V100", "T4"]
@@ -304,7 +304,7 @@ def test_agent_stream_round_trip_feeds_the_same_incremental_summary() -> None:
     """What the agent sends (changed nodes as protobuf) rebuilds an inventory whose incremental
     summary equals the direct one, event after event."""
     from federation.agent.convert import apply_node, node_message, remove_node
-    from federation.capacity import Summarizer
+    from federation.capacity.summary import Summarizer
 
     direct = inventory([node(f"n{i}", gpus=4) for i in range(6)], [])
     mirror = Inventory()

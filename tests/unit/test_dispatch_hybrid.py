@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from federation import forge, labels
-from federation.capacity import MemberCapacity, NodeFree
+from federation import labels
+from federation.capacity.summary import MemberCapacity, NodeFree
 from federation.config import MemberConfig
-from federation.dispatch import Dispatcher
+from federation.dispatch import forge
+from federation.dispatch.dispatcher import Dispatcher
 from federation.jobs import JobRef
-from federation.memberpods import MemberPods
+from federation.members.pods import MemberPods
 from tests.unit.fakeapi import FakeApi
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")

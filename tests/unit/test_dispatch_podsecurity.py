@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from federation import forge, podsecurity
-from federation.capacity import MemberCapacity, NodeFree
+from federation import podsecurity
+from federation.capacity.summary import MemberCapacity, NodeFree
 from federation.config import MemberConfig
-from federation.dispatch import Dispatcher
-from federation.memberpods import MemberPods
+from federation.dispatch import forge
+from federation.dispatch.dispatcher import Dispatcher
+from federation.members.pods import MemberPods
 from tests.unit.fakeapi import FakeApi
 from vkprovider.metrics import Metrics
 from vkprovider.pods import PodController

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from federation import disruption
+from federation.members import disruption
 from vkprovider import podstatus
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from federation import forge, reflect
+from federation.dispatch import forge, reflect
+from federation.dispatch.placement import Placement
 from federation.jobs import GangSpec, JobRef
-from federation.placement import Placement
 
 JOB = JobRef("team-a", "native", "train")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from federation.history import History, Tier
+from federation.view.history import History, Tier
 
 KEY = ("member-1", "cpu", "lendable")
 

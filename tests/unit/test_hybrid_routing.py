@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from federation import hybrid, routing
+from federation.dispatch import hybrid, routing
+from federation.dispatch.webhook import review
 from federation.jobs import JobRef
-from federation.webhook import review
 
 PS, MIN, MAX = "ps", "worker-min", "worker-max"
 VK = "vk-1"  # the provider's instance: its virtual nodes carry vkprovider.io/instance=vk-1

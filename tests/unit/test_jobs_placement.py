@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from federation.capacity import MemberCapacity, NodeFree
+from federation.capacity.summary import MemberCapacity, NodeFree
+from federation.dispatch.placement import candidates, pack
 from federation.jobs import GangSpec, JobRef, gang_of, job_of, role_of
-from federation.placement import candidates, pack
 
 GPU = "nvidia.com/gpu"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation import disruption, outages
+from federation.dispatch.jobstate import Job, reported_status
 from federation.jobs import GangSpec, JobRef
-from federation.jobstate import Job, reported_status
+from federation.members import disruption, outages
 from vkprovider.objects import Pod
 from vkprovider.podstore import PodOverlay, PodSubset
 

@@ -472,7 +472,7 @@ def test_static_credentials_are_unchanged(tmp_path: Path) -> None:
 
 async def test_a_configured_member_whose_kubeconfig_cannot_be_used_reports_it_and_recovers(tmp_path: Path) -> None:
     from federation.config import FederationConfig, MemberConfig
-    from federation.members import DirectSource, UnusableSource
+    from federation.members.member import DirectSource, UnusableSource
     from federation.provider import FederationProvider
 
     path = tmp_path / "member-1.yaml"
@@ -527,7 +527,7 @@ class _FrontEnd:
 )
 async def test_a_member_object_whose_kubeconfig_cannot_be_used_says_why(kubeconfig: bytes, reason: str) -> None:
     from federation.config import FederationConfig
-    from federation.memberobjects import MemberObjects
+    from federation.members.objects import MemberObjects
     from federation.provider import FederationProvider
 
     provider = FederationProvider(FederationConfig(), node_name="vk")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from federation.memberlogs import log_params
+from federation.streams.logs import log_params
 from vkprovider.provider import LogOptions
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from federation.config import CapacityConfig, MemberConfig
-from federation.memberobjects import MemberObjects, change
-from federation.members import Member
+from federation.members.member import Member
+from federation.members.objects import MemberObjects, change
 from vkprovider.kube import ClusterAccess
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from federation import forge, outages
+from federation.dispatch import forge
+from federation.members import outages
 from vkprovider import podstatus
 from vkprovider.podstore import PodStore
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from federation.planner import NodeView, OurPod, PendingPod, plan
+from federation.reclaim.planner import NodeView, OurPod, PendingPod, plan
 
 CPU = "cpu"
 GPU = "nvidia.com/gpu"

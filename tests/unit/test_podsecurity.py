@@ -10,7 +10,7 @@ import pytest
 
 from federation import podsecurity
 from federation.config import MemberConfig
-from federation.memberobjects import member_from_object
+from federation.members.objects import member_from_object
 from federation.podsecurity import Level
 
 

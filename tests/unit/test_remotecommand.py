@@ -44,7 +44,7 @@ async def test_resize_messages_may_be_split_or_joined() -> None:
 
 
 def test_a_members_exit_status_becomes_the_exit_code() -> None:
-    from federation.memberexec import exit_code, stream_query
+    from federation.streams.exec import exit_code, stream_query
     from vkprovider.provider import ExecStreams, ProviderError
 
     assert exit_code({}) == 0 and exit_code({"status": "Success"}) == 0
@@ -69,8 +69,8 @@ async def test_a_tty_sends_the_first_size_to_the_member_before_any_input() -> No
     import aiohttp
     from aiohttp import web
 
-    from federation.memberexec import RESIZE, STDIN, V5, _bridge
-    from federation.memberstreams import StreamLimits
+    from federation.streams.exec import RESIZE, STDIN, V5, _bridge
+    from federation.streams.session import StreamLimits
     from tests.localhttp import serving
     from vkprovider.provider import ExecStreams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from federation.reservations import Reservations
+from federation.capacity.reservations import Reservations
 
 
 def test_a_pod_counts_until_a_summary_computed_after_its_bind() -> None:

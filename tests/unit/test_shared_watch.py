@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation.inventory import Inventory
-from federation.watch import SharedPods
+from federation.capacity.inventory import Inventory
+from federation.members.watch import SharedPods
 from vkprovider.kube.relist import Relist
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from federation import tenancy
-from federation.onboard import OnboardError, Step, _write, contains, table, token_is_current
-from federation.tenancy import TenancyError
+from federation.tenancy import policy as tenancy
+from federation.tenancy.onboard import OnboardError, Step, _write, contains, table, token_is_current
+from federation.tenancy.policy import TenancyError
 from vkprovider.kube import AlreadyExists
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from federation import quantities
-from federation.capacity import MemberCapacity
-from federation.tide import Tide, TideMetrics
+from federation.capacity import quantities
+from federation.capacity.summary import MemberCapacity
+from federation.view.tide import Tide, TideMetrics
 
 
 class Clock:
@@ -107,7 +107,7 @@ def test_durations_read_as_people_write_them() -> None:
 
 
 def test_a_series_is_thinned_to_what_a_chart_can_show_and_the_summary_keeps_every_point() -> None:
-    from federation.tide import thin
+    from federation.view.tide import thin
 
     points = [(float(t), float(t % 4)) for t in range(10)]
     assert thin(points, None) == points and thin(points, 20) == points

@@ -1,0 +1,268 @@
+"""Compact inventories of a member cluster: per-node and per-pod records holding only what
+capacity needs, kept up to date from watch events (pure; no I/O).
+
+Records are small on purpose (a member may have thousands of nodes and tens of thousands of
+pods): a pod is its node name, its requests as a shared tuple, and whether it is ours. Usage per
+node is maintained incrementally, so one pod event costs a few dictionary updates.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from federation import labels
+from federation.capacity import quantities
+from vkprovider.kube.relist import Relist
+
+Requests = tuple[tuple[str, int], ...]
+
+
+@dataclass(slots=True)
+class NumaZone:
+    name: str
+    available: dict[str, int]
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    name: str
+    ready: bool
+    schedulable: bool
+    taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) of NoSchedule/NoExecute taints
+    allocatable: dict[str, int]
+    gpu_product: str | None = None
+    network_pod: str | None = None
+    zone: str | None = None
+
+
+@dataclass(slots=True)
+class PodRecord:
+    node: str
+    requests: Requests
+    ours: bool
+
+
+@dataclass(slots=True)
+class PendingRecord:
+    """An online pod that waits for room and will not preempt: what reclaim can make room for."""
+
+    requests: Requests
+    priority: int
+    node_selector: tuple[tuple[str, str], ...]
+    name: str  # namespace/name, for people reading why a pod of ours was chosen
+
+
+def waits_without_preempting(obj: dict[str, Any]) -> bool:
+    """Unbound, unschedulable for now, and with preemptionPolicy Never: it waits for room."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if spec.get("nodeName") or spec.get("preemptionPolicy") != "Never" or status.get("phase", "Pending") != "Pending":
+        return False
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or []
+    )
+
+
+def _interned(value: str | None) -> str | None:
+    return sys.intern(value) if value else None
+
+
+def node_record(obj: dict[str, Any], *, network_pod_label: str = labels.NETWORK_POD) -> NodeRecord:
+    meta = obj.get("metadata") or {}
+    node_labels = meta.get("labels") or {}
+    status = obj.get("status") or {}
+    spec = obj.get("spec") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    taints = tuple(
+        (t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+        for t in spec.get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
+    return NodeRecord(
+        name=sys.intern(meta.get("name", "")),
+        ready=ready,
+        schedulable=not spec.get("unschedulable", False),
+        taints=taints,
+        allocatable=quantities.vector(status.get("allocatable")),
+        gpu_product=_interned(node_labels.get(labels.GPU_PRODUCT)),
+        network_pod=_interned(node_labels.get(network_pod_label)),
+        zone=_interned(node_labels.get(labels.ZONE)),
+    )
+
+
+def _container_requests(container: dict[str, Any]) -> dict[str, int]:
+    return quantities.vector((container.get("resources") or {}).get("requests"))
+
+
+def pod_requests(spec: dict[str, Any]) -> dict[str, int]:
+    """Effective requests as the scheduler computes them: containers and sidecars summed, each
+    ordinary init container on top of the sidecars started before it, the larger of the two,
+    plus the pod overhead."""
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        total = quantities.add(total, _container_requests(container))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for init in spec.get("initContainers") or []:
+        requests = _container_requests(init)
+        if init.get("restartPolicy") == "Always":
+            sidecars = quantities.add(sidecars, requests)
+            continue
+        for name, value in quantities.add(sidecars, requests).items():
+            init_peak[name] = max(init_peak.get(name, 0), value)
+    total = quantities.add(total, sidecars)
+    for name, value in init_peak.items():
+        total[name] = max(total.get(name, 0), value)
+    total = quantities.add(total, quantities.vector(spec.get("overhead")))
+    total[quantities.PODS] = 1
+    return total
+
+
+def tolerates(tolerations: tuple[dict[str, Any], ...], taint: tuple[str, str, str]) -> bool:
+    key, value, effect = taint
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != effect:
+            continue
+        operator = tol.get("operator", "Equal")
+        if operator == "Exists" and (not tol.get("key") or tol["key"] == key):
+            return True
+        if operator == "Equal" and tol.get("key") == key and tol.get("value", "") == value:
+            return True
+    return False
+
+
+@dataclass
+class Inventory:
+    """One member's nodes and pods, and per-node usage by online load and by our pods."""
+
+    network_pod_label: str = labels.NETWORK_POD
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    numa: dict[str, tuple[NumaZone, ...]] = field(default_factory=dict)
+    online_used: dict[str, dict[str, int]] = field(default_factory=dict)
+    ours_used: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Online pods waiting for room without preempting (keyed like `pods`).
+    pending: dict[str, PendingRecord] = field(default_factory=dict)
+    _shapes: dict[Requests, Requests] = field(default_factory=dict)
+    version: int = 0
+    #: Per node, the inventory version of its last change (record, usage or NUMA): lets
+    #: consumers (the agent's streams) find what changed without comparing whole records.
+    node_versions: dict[str, int] = field(default_factory=dict)
+
+    def touch(self, node: str) -> None:
+        """Record that something about `node` changed (its record, usage or NUMA zones)."""
+        self.version += 1
+        self.node_versions[node] = self.version
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def upsert_node(self, obj: dict[str, Any]) -> None:
+        record = node_record(obj, network_pod_label=self.network_pod_label)
+        self.nodes[record.name] = record
+        self.touch(record.name)
+
+    def delete_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.node_versions.pop(name, None)
+        self.version += 1
+
+    def replace_nodes(self, objs: list[dict[str, Any]]) -> None:
+        self.nodes = {}
+        self.node_versions = {}
+        for obj in objs:
+            record = node_record(obj, network_pod_label=self.network_pod_label)
+            self.nodes[record.name] = record
+            self.touch(record.name)
+
+    # -- NUMA ------------------------------------------------------------------------------------
+
+    def upsert_topology(self, obj: dict[str, Any]) -> None:
+        zones = []
+        for zone in obj.get("zones") or []:
+            if zone.get("type") != "Node":
+                continue
+            available = {
+                r["name"]: quantities.to_canonical(r["name"], r.get("available", 0))
+                for r in zone.get("resources") or []
+            }
+            zones.append(NumaZone(zone.get("name", ""), available))
+        name = (obj.get("metadata") or {}).get("name", "")
+        self.numa[name] = tuple(zones)
+        self.touch(name)
+
+    def replace_topologies(self, objs: list[dict[str, Any]]) -> None:
+        self.numa = {}
+        for obj in objs:
+            self.upsert_topology(obj)
+
+    def delete_topology(self, name: str) -> None:
+        self.numa.pop(name, None)
+        self.touch(name)
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def _compact(self, requests: dict[str, int]) -> Requests:
+        shape = tuple(sorted(requests.items()))
+        return self._shapes.setdefault(shape, shape)
+
+    def _account(self, record: PodRecord, sign: int) -> None:
+        usage = self.ours_used if record.ours else self.online_used
+        used = usage.setdefault(record.node, {})
+        for name, value in record.requests:
+            used[name] = used.get(name, 0) + sign * value
+        self.touch(record.node)
+
+    def upsert_pod(self, obj: dict[str, Any]) -> str:
+        """Count the pod in (again); its key."""
+        meta = obj.get("metadata") or {}
+        key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        spec = obj.get("spec") or {}
+        node = spec.get("nodeName")
+        phase = (obj.get("status") or {}).get("phase")
+        old = self.pods.pop(key, None)
+        if old is not None:
+            self._account(old, -1)
+        ours = (meta.get("labels") or {}).get(labels.MANAGED) == "true"
+        if not ours and waits_without_preempting(obj):
+            self.pending[key] = PendingRecord(
+                self._compact(pod_requests(spec)),
+                int(spec.get("priority") or 0),
+                tuple(sorted((spec.get("nodeSelector") or {}).items())),
+                f"{meta.get('namespace')}/{meta.get('name')}",
+            )
+        else:
+            self.pending.pop(key, None)
+        # Terminal pods free their node; terminating ones still hold it until they are gone,
+        # as the scheduler counts them.
+        if node and phase not in ("Succeeded", "Failed"):
+            record = PodRecord(sys.intern(node), self._compact(pod_requests(spec)), ours)
+            self.pods[key] = record
+            self._account(record, +1)
+        return key
+
+    def delete_pod(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self._forget(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+    def _forget(self, key: str) -> None:
+        self.pending.pop(key, None)
+        old = self.pods.pop(key, None)
+        if old is not None:
+            self._account(old, -1)
+
+    def relist_pods(self) -> Relist:
+        """A fresh list of the member's pods, taken in pages (vkprovider.kube.relist): each
+        counted in as it comes, then those the list no longer holds counted out."""
+        return Relist(self.upsert_pod, self._relisted_pods)
+
+    def _relisted_pods(self, seen: set[str]) -> None:
+        for key in [k for k in (*self.pods, *self.pending) if k not in seen]:
+            self._forget(key)
+
+    def replace_pods(self, objs: list[dict[str, Any]]) -> None:
+        into = self.relist_pods()
+        into.page(objs)
+        into.done()

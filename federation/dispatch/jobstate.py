@@ -1,0 +1,109 @@
+"""A dispatched job's state (`Job`), and what each of its front-end pods reports from it and
+from its member pod (`reported_status`, pure).
+
+Apart from federation.dispatch, which changes the state: the report is a translation, read by
+the runtime for every status sync, and is tested without a dispatcher, a member or a lab.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from federation.dispatch import forge, placement
+from federation.jobs import GangSpec, JobRef
+from federation.members import disruption, outages
+from vkprovider.objects import Pod, PodStatus
+from vkprovider.podstatus import failed_status
+from vkprovider.podstore import PodSubset
+
+
+@dataclass(slots=True)
+class Job:
+    ref: JobRef
+    gang: GangSpec
+    pods: PodSubset[Pod]  # front-end pods by ns/name, held in the dispatcher's one PodStore
+    member: str | None = None
+    place: placement.Placement | None = None
+    ready_at: float | None = None  # when the gang's minimum was first bound
+    dispatched_at: float | None = None
+    excluded: set[str] = field(default_factory=set)
+    failed: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    timer: asyncio.Task[None] | None = None
+    has_group: bool = False  # the job has a front-end group object (PodGroup): its pin goes there
+    recorded: str | None = None  # the member the group object names (vkprovider.io/member)
+    core: set[str] = field(default_factory=set)  # pods dispatched as the gang (the rest are elastic)
+    role: str = "worker-min"  # the gang core's shared priority role
+    native: int = 0  # the job's pods on native nodes, when last counted
+    #: The member gang's minimum once dispatched (the virtual part of the job's minimum);
+    #: None before, 0 or 1 when the native pods alone meet the minimum (no gang in the member).
+    member_min: int | None = None
+    incomplete_told: bool = False
+
+    @property
+    def member_gang(self) -> GangSpec:
+        """The gang as the member sees it: the job's, with the virtual part's minimum."""
+        if self.member_min is None or self.member_min == self.gang.min_member:
+            return self.gang
+        return replace(self.gang, min_member=max(1, self.member_min))
+
+
+def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
+    """A front-end pod to report on when the dispatcher no longer holds it (after a restart):
+    its name, and the uid and spec its member copy carries."""
+    namespace, _, name = key.partition("/")
+    uid = ((member_pod or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
+    spec = (member_pod or {}).get("spec") or {"containers": []}
+    return {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": spec}
+
+
+def reported_status(
+    key: str,
+    job: Job | None,
+    pod: Pod | None,
+    *,
+    member_pod: tuple[str, dict[str, Any]] | None,
+    outage: outages.Outage | None,
+    tomb: tuple[dict[str, Any], disruption.Disruption] | None,
+    gone_from: str | None,
+    members: Callable[[], Container[str]],
+) -> PodStatus | None:
+    """The status front-end pod `key` reports (None: nothing to report), in order: its member
+    pod's, marked lost or possibly stale while its member (`outage`) is out, or how it was
+    stopped there; how it was taken away (`tomb`); Failed when the member it ran in
+    (`gone_from`) is no longer one of `members` (asked only then: the dispatcher builds that
+    view afresh, and this runs for every status sync); its job's failure; a gang's wait for
+    its minimum."""
+    if member_pod is not None:
+        member, found = member_pod
+        if outage is not None and outage.state == "lost":
+            node = found.get("spec", {}).get("nodeName") or "no node"
+            return disruption.disrupted_status(pod or _stub(key, found), outages.lost(member, node, outage))
+        stopped = disruption.cause_of(found, member=member, gone=False)
+        if stopped is not None:
+            return disruption.disrupted_status(pod or _stub(key, found), stopped)
+        status = forge.status_from_member(found)
+        if outage is not None and status.get("phase") not in outages.TERMINAL:
+            # Last known status, and why it may be stale.
+            status["conditions"] = [*status.get("conditions", []), outages.unreachable_condition(member, outage)]
+        return status
+    if tomb is not None:
+        last, what = tomb
+        return disruption.disrupted_status(pod or _stub(key, last), what)
+    if gone_from is not None and gone_from not in members():
+        message = f"member {gone_from} was removed; the pod is not moved to another member"
+        return failed_status(pod or _stub(key, None), reason="MemberRemoved", message=message)
+    if job is None or pod is None:
+        return None
+    if job.failed == "GangTimeout":
+        message = f"no member bound the gang of {job.gang.min_member} within {job.gang.timeout:.0f}s"
+        return failed_status(pod, reason="GangTimeout", message=message, exit_code=1)
+    if job.failed:
+        return failed_status(pod, reason=job.failed, message=f"the job's member {job.failed}", exit_code=1)
+    if job.gang.is_gang and job.dispatched_at is None:
+        bound, minimum = len(job.pods) + job.native, job.gang.min_member
+        return forge.waiting_status(bound=min(bound, minimum), minimum=minimum, native=job.native)
+    return None

@@ -1,0 +1,105 @@
+"""What a pod needs beside itself in a member: the ConfigMaps and Secrets it references and the
+headless Services that give its job's pods their rendezvous names (pure helpers).
+
+Reflected copies carry our labels, are kept in sync with the front end, and are deleted when no
+pod of ours in that member namespace references them any more. Service-account tokens of the
+front end are never carried: the member's own service account is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from federation.dispatch import forge
+
+SKIPPED_CONFIGMAPS = frozenset({"kube-root-ca.crt"})
+REFLECTED = "vkprovider.io/reflected"
+
+
+def references(spec: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(ConfigMap names, Secret names) a pod spec references."""
+    configmaps: set[str] = set()
+    secrets: set[str] = set()
+    for volume in spec.get("volumes") or []:
+        if volume.get("configMap", {}).get("name"):
+            configmaps.add(volume["configMap"]["name"])
+        if volume.get("secret", {}).get("secretName"):
+            secrets.add(volume["secret"]["secretName"])
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if source.get("configMap", {}).get("name"):
+                configmaps.add(source["configMap"]["name"])
+            if source.get("secret", {}).get("name"):
+                secrets.add(source["secret"]["name"])
+    for group in ("containers", "initContainers"):
+        for container in spec.get(group) or []:
+            for env in container.get("env") or []:
+                ref = env.get("valueFrom") or {}
+                if ref.get("configMapKeyRef", {}).get("name"):
+                    configmaps.add(ref["configMapKeyRef"]["name"])
+                if ref.get("secretKeyRef", {}).get("name"):
+                    secrets.add(ref["secretKeyRef"]["name"])
+            for source in container.get("envFrom") or []:
+                if source.get("configMapRef", {}).get("name"):
+                    configmaps.add(source["configMapRef"]["name"])
+                if source.get("secretRef", {}).get("name"):
+                    secrets.add(source["secretRef"]["name"])
+    for pull in spec.get("imagePullSecrets") or []:
+        if pull.get("name"):
+            secrets.add(pull["name"])
+    return configmaps - SKIPPED_CONFIGMAPS, secrets
+
+
+def _reflected_meta(meta: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+    """Metadata of any reflected copy: the source's name and labels, plus ours."""
+    labels = {**(meta.get("labels") or {}), forge.MANAGED: "true", REFLECTED: "true", forge.INSTANCE: instance}
+    return {
+        "name": meta.get("name"),
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": {forge.ORIGIN_UID: meta.get("uid", "")},
+    }
+
+
+def copy_of(obj: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+    """The member copy of a front-end ConfigMap or Secret."""
+    meta = obj.get("metadata") or {}
+    out: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": obj.get("kind") or ("Secret" if "type" in obj else "ConfigMap"),
+        "metadata": _reflected_meta(meta, namespace=namespace, instance=instance),
+    }
+    for field in ("data", "binaryData", "stringData", "type", "immutable"):
+        if field in obj:
+            out[field] = obj[field]
+    return out
+
+
+def same_content(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(f) == b.get(f) for f in ("data", "binaryData", "type"))
+
+
+def headless_services_for(pod_labels: dict[str, str], services: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Headless Services of the namespace whose selector picks the pod."""
+    out = []
+    for svc in services:
+        spec = svc.get("spec") or {}
+        selector = spec.get("selector") or {}
+        if spec.get("clusterIP") == "None" and selector and all(pod_labels.get(k) == v for k, v in selector.items()):
+            out.append(svc)
+    return out
+
+
+def service_copy(svc: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+    meta = svc.get("metadata") or {}
+    spec = svc.get("spec") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _reflected_meta(meta, namespace=namespace, instance=instance),
+        "spec": {
+            "clusterIP": "None",
+            "selector": spec.get("selector"),
+            "ports": [{k: v for k, v in p.items() if k != "nodePort"} for p in spec.get("ports") or []],
+            "publishNotReadyAddresses": spec.get("publishNotReadyAddresses", False),
+        },
+    }

@@ -1,0 +1,237 @@
+"""MemberCluster objects in the front end: members added, changed, disabled and removed while the
+provider runs, and each object's status written back (reachable, ready, what it lends).
+
+The provider owns the set of members (federation.provider); this module reads the objects,
+decides what each change means for a member (`change`, pure), and asks the provider to do it
+through `MemberSet`. A member that still runs our pods is disabled or removed by draining it
+(reclaim notices first), not at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+
+from federation import podsecurity
+from federation.config import CapacityConfig, MemberConfig, ReclaimConfig, TenancyConfig
+from federation.members import outages
+from federation.members.member import Member
+from vkprovider import logs
+from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound
+from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
+from vkprovider.podstatus import now_rfc3339
+from vkprovider.provider import ProviderError
+
+MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
+
+#: What an object's new state means for the member of its name: "ignore" (a member of that name
+#: comes from the settings), "unchanged", "drain" (disabled while our pods run there: the
+#: provider drains it unless none does), "in_place" (reached the same way: settings applied,
+#: watches and notices kept), or "add" (new, or reached another way: started afresh).
+Change = Literal["ignore", "unchanged", "drain", "in_place", "add"]
+
+
+class MemberSet(Protocol):
+    """What MemberCluster objects may do to the provider's members."""
+
+    members: dict[str, Member]
+    started: asyncio.Event
+
+    def add_member(self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False) -> None: ...
+
+    def remove_member(self, name: str, *, quiet: bool = False) -> None: ...
+
+    def drain(self, member: Member, config: MemberConfig, *, removed: bool) -> bool: ...
+
+    def reconfigure(self, member: Member, config: MemberConfig) -> None: ...
+
+
+def change(existing: Member | None, config: MemberConfig) -> Change:
+    if existing is None:
+        return "add"
+    if not existing.from_object:
+        return "ignore"
+    if existing.config == config:
+        return "unchanged"
+    if not config.enabled and existing.config.enabled:
+        return "drain"
+    if same_connection(existing.config, config) and config.enabled and (existing.draining or existing.config.enabled):
+        return "in_place"
+    return "add"
+
+
+class MemberObjects:
+    """Follows the MemberCluster objects `selector` picks, for the lifetime of `run`."""
+
+    def __init__(self, members: MemberSet, client: KubeClient, *, selector: str, node: str) -> None:
+        self._members = members
+        self._client = client
+        self._selector = {"labelSelector": selector} if selector else None
+        self._log = logs.get("federation", node=node)
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        """One object's current state."""
+        name = obj["metadata"]["name"]
+        existing = self._members.members.get(name)
+        if existing is not None and not existing.from_object:
+            self._log.warning("MemberCluster ignored: a member of that name is in the settings", cluster=name)
+            return
+        try:
+            config = member_from_object(obj)
+            access = await access_from_secret(self._client, obj) if config.source == "direct" else None
+        except (ApiError, ProviderError, ValueError) as exc:
+            self._log.warning("MemberCluster cannot be used", cluster=name, error=str(exc))
+            await self._patch_status(
+                name, {"conditions": [_condition("Ready", False, "InvalidSpec", str(exc)[:500], now_rfc3339())]}
+            )
+            return
+        what = change(existing, config)
+        if existing is not None and what == "drain" and self._members.drain(existing, config, removed=False):
+            return
+        if existing is not None and what == "in_place":
+            self._members.reconfigure(existing, config)
+        elif what in ("add", "drain"):  # a drain with none of our pods there: at once
+            self._members.add_member(config, access, from_object=True)
+
+    def _gone(self, name: str) -> None:
+        member = self._members.members.get(name)
+        if member is None or not member.from_object:
+            return
+        if not self._members.drain(member, member.config.model_copy(update={"enabled": False}), removed=True):
+            self._members.remove_member(name)
+
+    async def run(self) -> None:
+        """List, then watch; the provider's `started` is set after the first list (or the first
+        failure: configured members are used rather than waiting on the front end)."""
+        while True:
+            try:
+                listed = await self._client.list(MEMBERS_PATH, params=self._selector)
+                seen = set()
+                for obj in listed["items"]:
+                    seen.add(obj["metadata"]["name"])
+                    await self.apply(obj)
+                for name in [n for n, m in self._members.members.items() if m.from_object and n not in seen]:
+                    self._gone(name)
+                self._members.started.set()
+                rv = listed["metadata"]["resourceVersion"]
+                while True:
+                    async for event in self._client.watch(MEMBERS_PATH, resource_version=rv, params=self._selector):
+                        obj = event["object"]
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        if event["type"] == "DELETED":
+                            self._gone(obj["metadata"]["name"])
+                        else:
+                            await self.apply(obj)
+            except NotFound:
+                self._log.warning("the MemberCluster CRD is not installed; only configured members are used")
+                self._members.started.set()
+                await asyncio.sleep(30)
+            except ApiError as exc:
+                self._log.warning("MemberCluster watch failed", error=str(exc))
+                self._members.started.set()
+                await asyncio.sleep(2)
+
+    async def _patch_status(self, name: str, status: dict[str, Any]) -> None:
+        try:
+            await self._client.patch(f"{MEMBERS_PATH}/{name}/status", {"status": status}, patch_type="merge")
+        except ApiError as exc:
+            self._log.debug("MemberCluster status not written", cluster=name, error=str(exc))
+
+    async def write_statuses(self) -> None:
+        """Each object's status, when it changed (or every 30 s, as a heartbeat)."""
+        for member in list(self._members.members.values()):
+            if not member.from_object:
+                continue
+            source = member.source
+            reachable = member.reachable and member.config.enabled
+            reason = "Reachable" if reachable else ("Disabled" if not member.config.enabled else "Unreachable")
+            message = "member answers" if reachable else (source.last_error or "no answer from the member")
+            status: dict[str, Any] = {
+                "conditions": [
+                    _condition("Reachable", reachable, reason, message, ""),
+                    _condition("Ready", reachable and source.synced.is_set(), reason, message, ""),
+                ],
+                "capacity": member.summary.to_json() if member.summary and reachable else {},
+            }
+            comparable = json.dumps(status, sort_keys=True)
+            if (
+                member.status_written.get("json") == comparable
+                and time.monotonic() - member.status_written.get("at", 0) < 30
+            ):
+                continue
+            now = now_rfc3339()
+            for cond in status["conditions"]:
+                cond["lastTransitionTime"] = now
+            if source.last_contact_wall:
+                status["lastContact"] = outages.rfc3339(source.last_contact_wall)
+            await self._patch_status(member.name, status)
+            member.status_written = {"json": comparable, "at": time.monotonic()}
+
+
+def member_from_object(obj: dict[str, Any]) -> MemberConfig:
+    """The member a MemberCluster object declares (its kubeconfig is read separately)."""
+    spec = obj.get("spec") or {}
+    return MemberConfig(
+        name=obj["metadata"]["name"],
+        enabled=spec.get("enabled", True),
+        weight=spec.get("weight", 1),
+        capacity=CapacityConfig.model_validate(spec.get("capacity") or {}),
+        network_pod_label=spec.get("networkPodLabel") or MemberConfig.model_fields["network_pod_label"].default,
+        source=spec.get("source", "direct"),
+        agent_address=spec.get("agentAddress"),
+        namespace_prefix=(spec.get("namespaceMapping") or {}).get("prefix", ""),
+        gang_api=spec.get("gangApi", "native"),
+        scheduler_name=spec.get("schedulerName", "default-scheduler"),
+        reclaim=ReclaimConfig.model_validate(spec.get("reclaim") or {}),
+        pod_security=spec.get("podSecurity", podsecurity.DEFAULT),
+        tenancy=TenancyConfig.model_validate(spec["tenancy"]) if spec.get("tenancy") else None,
+    )
+
+
+async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterAccess:
+    """How to reach the member a MemberCluster object declares: the kubeconfig in the Secret it
+    names. KubeconfigError (a ValueError) names the member and says why it cannot be used."""
+    ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
+    secret = await front.get(f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}")
+    key = ref.get("key") or "kubeconfig"
+    raw = (secret.get("data") or {}).get(key)
+    who = f"member {obj['metadata']['name']}"
+    if not raw:
+        raise KubeconfigError(f"{who}: secret {ref.get('namespace')}/{ref.get('name')} has no key {key}")
+    try:
+        doc = yaml.safe_load(base64.b64decode(raw))
+    except (ValueError, yaml.YAMLError) as exc:
+        raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig: {exc}") from None
+    if not isinstance(doc, dict):
+        raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig")
+    # Files and exec commands named by a kubeconfig from a Secret are this process's.
+    return parse_kubeconfig(doc, base=Path("/"), name=who)
+
+
+def same_connection(a: MemberConfig, b: MemberConfig) -> bool:
+    """Whether two settings of a member reach it the same way (no new watches needed)."""
+    return (a.kubeconfig, a.source, a.agent_address, a.agent_tls_ca, a.namespace_prefix) == (
+        b.kubeconfig,
+        b.source,
+        b.agent_address,
+        b.agent_tls_ca,
+        b.namespace_prefix,
+    )
+
+
+def _condition(ctype: str, ok: bool, reason: str, message: str, now: str) -> dict[str, Any]:
+    return {
+        "type": ctype,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }

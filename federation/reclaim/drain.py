@@ -1,0 +1,164 @@
+"""`vkprovider drain`: take this provider out of every member before it is uninstalled.
+
+The chart's pre-delete hook runs it while the provider still runs, so our pods leave through the
+reclaim path as they would for online load (checkpoint notice, then graceful deletion):
+
+1. every MemberCluster is disabled: the provider drains it (federation.provider) and the
+   front-end pods end Failed, reason Reclaimed, with their Events;
+2. it waits until no member holds a pod of this instance;
+3. reflected ConfigMaps, Secrets and Services of this instance are deleted in every member;
+4. the MemberCluster objects are deleted;
+5. with `--deployment`, the provider is scaled to zero and its pods awaited, so nothing
+   registers the virtual nodes again;
+6. the virtual nodes and their Leases are deleted.
+
+Members declared in the settings file (not as objects) cannot be disabled from outside the
+process: drain names them and stops with an error before changing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from federation.config import FederationConfig
+from federation.dispatch import forge, reflect
+from federation.members.objects import MEMBERS_PATH, access_from_secret
+from vkprovider.kube import ApiError, KubeClient, NotFound, load_kubeconfig
+from vkprovider.kube.access import in_cluster
+from vkprovider.settings import Settings
+
+POLL = 1.0
+
+
+class DrainError(Exception):
+    """Drain cannot go on; the message says why and what to do."""
+
+
+def _say(message: str) -> None:
+    print(f"drain: {message}", flush=True)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], *, deadline: float, what: str) -> None:
+    while not await check():
+        if time.monotonic() > deadline:
+            raise DrainError(f"timed out waiting for {what}")
+        await asyncio.sleep(POLL)
+
+
+def virtual_nodes(settings: Settings, config: FederationConfig, members: list[str]) -> list[str]:
+    if config.virtual_nodes == "pooled":
+        return [settings.node.name]
+    return [f"{settings.node.name}-{m}" for m in members]
+
+
+async def drain(settings: Settings, *, deployment: str | None, timeout: float) -> None:
+    config = FederationConfig.model_validate(settings.provider.federation)
+    if config.members:
+        declared = ", ".join(m.name for m in config.members)
+        raise DrainError(
+            f"members declared in the settings ({declared}) cannot be drained from outside; make them MemberClusters"
+        )
+    kubeconfig = settings.kube.kubeconfig
+    access = load_kubeconfig(kubeconfig, context=settings.kube.context) if kubeconfig else in_cluster()
+    deadline = time.monotonic() + timeout
+    instance = settings.node.name
+    async with KubeClient(access, user_agent="vkprovider-drain") as front:
+        chosen = {"labelSelector": config.member_selector} if config.member_selector else None
+        objects = (await front.list(MEMBERS_PATH, params=chosen))["items"]
+        names = [o["metadata"]["name"] for o in objects]
+        _say(f"{len(names)} member(s): {', '.join(names) or '-'}")
+        clients: dict[str, KubeClient] = {}
+        try:
+            for obj in objects:
+                with contextlib.suppress(ApiError, ValueError):
+                    clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
+            selector = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={instance}"}
+            # A tenant's credential cannot list Secrets across the member (federation.tenancy):
+            # its reflected objects are looked for in the namespaces its pods use now.
+            scoped: dict[str, set[str]] = {}
+            for obj in objects:
+                name = obj["metadata"]["name"]
+                if (obj.get("spec") or {}).get("tenancy") and name in clients:
+                    with contextlib.suppress(ApiError):
+                        listed = await clients[name].list("/api/v1/pods", params=selector)
+                        scoped[name] = {p["metadata"]["namespace"] for p in listed["items"]}
+            for name in names:
+                await front.patch(f"{MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
+            _say("members disabled: our pods there get checkpoint notices, then go")
+
+            async def members_empty() -> bool:
+                for client in clients.values():
+                    try:
+                        if (await client.list("/api/v1/pods", params=selector))["items"]:
+                            return False
+                    except ApiError:
+                        return False  # unreachable now: cannot tell, keep waiting
+                return True
+
+            await _until(members_empty, deadline=deadline, what="our pods to leave every member")
+            _say("no member holds a pod of ours")
+            reflected = {"labelSelector": f"{reflect.REFLECTED}=true,{forge.INSTANCE}={instance}"}
+            for name, client in clients.items():
+                collections = [
+                    f"/api/v1/namespaces/{ns}/{plural}" if name in scoped else f"/api/v1/{plural}"
+                    for plural in ("configmaps", "secrets", "services")
+                    for ns in sorted(scoped.get(name, {""}))
+                ]
+                for collection in collections:
+                    for item in (await client.list(collection, params=reflected))["items"]:
+                        meta = item["metadata"]
+                        plural = collection.rpartition("/")[2]
+                        with contextlib.suppress(NotFound):
+                            await client.delete(f"/api/v1/namespaces/{meta['namespace']}/{plural}/{meta['name']}")
+                _say(f"{name}: reflected objects deleted")
+        finally:
+            for client in clients.values():
+                await client.close()
+        for name in names:
+            with contextlib.suppress(NotFound):
+                await front.delete(f"{MEMBERS_PATH}/{name}")
+        if deployment:
+            await _stop_deployment(front, deployment, deadline)
+        for node in virtual_nodes(settings, config, names):
+            with contextlib.suppress(NotFound):
+                await front.delete(f"/api/v1/nodes/{node}")
+            with contextlib.suppress(NotFound):
+                await front.delete(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+            _say(f"virtual node {node} deleted")
+
+
+async def _stop_deployment(front: KubeClient, deployment: str, deadline: float) -> None:
+    namespace, _, name = deployment.partition("/")
+    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+    try:
+        current = await front.get(path)
+    except NotFound:
+        return
+    await front.patch(path, {"spec": {"replicas": 0}})
+    labels: dict[str, Any] = ((current.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+    async def gone() -> bool:
+        return not (await front.list(f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}))[
+            "items"
+        ]
+
+    await _until(gone, deadline=deadline, what=f"the provider's pods ({deployment}) to stop")
+    _say(f"{deployment} scaled to zero")
+
+
+def main(settings: Settings, *, deployment: str | None, timeout: float) -> int:
+    try:
+        asyncio.run(drain(settings, deployment=deployment, timeout=timeout))
+    except DrainError as exc:
+        print(f"error: {exc}", flush=True)
+        return 1
+    except ApiError as exc:
+        print(f"error: the API refused the drain: {exc}", flush=True)
+        return 1
+    _say("done")
+    return 0
