@@ -39,6 +39,7 @@ from bench.common import CpuMeter, Profile, bucket_quantile, lab_pids, on_lab, w
 from e2e import audit
 from e2e import lab as lab_mod
 from e2e.state import LabState
+from federation import labels
 from federation.dispatch import forge
 from vkprovider.kube import KubeClient, ensure_namespace, load_kubeconfig
 
@@ -47,7 +48,7 @@ CHURN = "bench.vkprovider.io/churn"
 
 
 def _origin(obj: dict[str, Any]) -> str:
-    return str((obj["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAME, ""))
+    return str((obj["metadata"].get("annotations") or {}).get(labels.ORIGIN_NAME, ""))
 
 
 async def _churn(
@@ -259,7 +260,7 @@ def _streams(lab: LabState, ns: str, floor_ns: str) -> list[observer.Stream]:
         config = str(lab.kubeconfig(m))
         streams += [
             observer.Stream(
-                name=f"member/{m}", kubeconfig=config, namespace=member_ns, selector=selector, key=forge.ORIGIN_NAME
+                name=f"member/{m}", kubeconfig=config, namespace=member_ns, selector=selector, key=labels.ORIGIN_NAME
             ),
             observer.Stream(name=f"floor-member/{m}", kubeconfig=config, namespace=floor_ns, selector="", key="name"),
         ]

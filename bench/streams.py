@@ -28,7 +28,7 @@ from typing import Any
 from bench.common import CpuMeter, Provider, lab_pids, on_lab
 from e2e import binaries
 from e2e import lab as lab_mod
-from federation.dispatch import forge
+from federation import labels
 from vkprovider.kube import KubeClient, load_kubeconfig
 
 MIB = 1024 * 1024
@@ -169,8 +169,8 @@ async def run(state: Path, workdir: Path, *, rounds: int, mib: int) -> dict[str,
             member_pod = next(
                 p["metadata"]
                 for p in listed["items"]
-                if (p["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAME) == "bench"
-                and (p["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAMESPACE) == ns
+                if (p["metadata"].get("annotations") or {}).get(labels.ORIGIN_NAME) == "bench"
+                and (p["metadata"].get("annotations") or {}).get(labels.ORIGIN_NAMESPACE) == ns
             )
             paths = {
                 "virtual": [kubectl, "--kubeconfig", str(offline), "-n", ns, "exec", "bench"],

@@ -11,10 +11,11 @@ has one). Roles come from the priority band or a role label.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from federation import bands
+from federation import bands, labels
 
 NATIVE = "native"
 SCHEDULER_PLUGINS = "scheduler-plugins"
@@ -39,7 +40,6 @@ SAME_GPU_MODEL = "vkprovider.io/same-gpu-model"
 GPU_MODEL = "vkprovider.io/gpu-model"
 GANG_TIMEOUT = "vkprovider.io/gang-timeout-seconds"
 ROLE_LABEL = bands.ROLE_LABEL
-CHECKPOINT_SECONDS = "vkprovider.io/checkpoint-seconds"
 
 #: The group object each source keeps, as (apiVersion, plural).
 GROUP_RESOURCES = {
@@ -79,24 +79,30 @@ class GangSpec:
         return self.min_member > 1
 
 
+def job_hash(job: JobRef) -> str:
+    """A label-safe stand-in for a job key (labels hold 63 characters): the job label of its
+    member pods (federation.labels.JOB_LABEL)."""
+    return hashlib.sha256(job.key.encode()).hexdigest()[:16]
+
+
 def job_of(pod: dict[str, Any]) -> JobRef:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     namespace = meta.get("namespace") or ""
-    labels = meta.get("labels") or {}
+    pod_labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     group = (spec.get("schedulingGroup") or {}).get("podGroupName")
     if group:
         return JobRef(namespace, NATIVE, group)
-    if labels.get(SP_LABEL):
-        return JobRef(namespace, SCHEDULER_PLUGINS, labels[SP_LABEL])
+    if pod_labels.get(SP_LABEL):
+        return JobRef(namespace, SCHEDULER_PLUGINS, pod_labels[SP_LABEL])
     for key in VOLCANO_ANNOTATIONS:
         if annotations.get(key):
             return JobRef(namespace, VOLCANO, annotations[key])
-    koord = labels.get(KOORD_LABEL) or annotations.get(KOORD_NAME)
+    koord = pod_labels.get(KOORD_LABEL) or annotations.get(KOORD_NAME)
     if koord:
         return JobRef(namespace, KOORDINATOR, koord)
-    kueue = labels.get(KUEUE_GROUP) or annotations.get(KUEUE_GROUP)
+    kueue = pod_labels.get(KUEUE_GROUP) or annotations.get(KUEUE_GROUP)
     if kueue:
         return JobRef(namespace, KUEUE, kueue)
     for owner in meta.get("ownerReferences") or []:
@@ -146,7 +152,7 @@ def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> G
         same_gpu_model=_flag(group_annotations, annotations, key=SAME_GPU_MODEL),
         gpu_model=group_annotations.get(GPU_MODEL) or annotations.get(GPU_MODEL),
         topology_key=topology_key,
-        checkpoint_seconds=_number(group_annotations.get(CHECKPOINT_SECONDS), 0) or None,
+        checkpoint_seconds=_number(group_annotations.get(labels.CHECKPOINT_SECONDS), 0) or None,
     )
 
 

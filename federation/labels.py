@@ -1,9 +1,26 @@
-"""Labels and annotations the federation provider reads and writes (ours live under vkprovider.io/)."""
+"""Labels and annotations the federation provider reads and writes (ours live under vkprovider.io/),
+and the path of its own API: the vocabulary every package of federation/ shares, so none of them
+imports another's module for a name."""
 
 from __future__ import annotations
 
 #: On every pod we create in a member: marks it as ours (offloaded), not online load.
 MANAGED = "vkprovider.io/managed"
+#: Which provider instance (its virtual node's name) made an object in a member; also the label
+#: of that instance's virtual nodes, which the routing webhook selects.
+INSTANCE = "vkprovider.io/instance"
+#: On member pods (federation.dispatch.forge writes them): the front-end pod each one runs.
+ORIGIN_UID = "vkprovider.io/origin-uid"
+ORIGIN_NAMESPACE = "vkprovider.io/origin-namespace"
+ORIGIN_NAME = "vkprovider.io/origin-name"
+#: On member pods: their job (label: a hash, federation.jobs.job_hash; annotation: the key).
+JOB_LABEL = "vkprovider.io/job"
+JOB_KEY = "vkprovider.io/job-key"
+#: The member a front-end pod (or its job's group object) is pinned to; on per-member virtual
+#: nodes, the member behind the node.
+MEMBER = "vkprovider.io/member"
+#: On ConfigMaps, Secrets and Services copied into a member for our pods.
+REFLECTED = "vkprovider.io/reflected"
 #: Member node labels the shapes are grouped by (configurable per member; these are the defaults).
 GPU_PRODUCT = "nvidia.com/gpu.product"
 NETWORK_POD = "vkprovider.io/network-pod"
@@ -29,3 +46,6 @@ BAND = "vkprovider.io/band"
 GANG_MIN = "vkprovider.io/gang-min"
 #: The ReplicaSet controller's hint; the planner uses it as a tie-breaker.
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+#: MemberCluster objects in the front end (federation/crds/memberclusters.yaml).
+MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"

@@ -19,11 +19,11 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
+from federation import labels
 from federation.agent.client import AgentSource
 from federation.capacity.nodes import VirtualNodes
 from federation.capacity.summary import MemberCapacity
 from federation.config import FederationConfig, MemberConfig
-from federation.dispatch import forge
 from federation.dispatch.dispatcher import Dispatcher
 from federation.dispatch.jobstate import Job
 from federation.dispatch.webhook import RoutingWebhook
@@ -458,7 +458,7 @@ class FederationProvider:
             found = self.dispatcher.member_pod(key)
             tomb = self.dispatcher.tombstone(key)
             source = found[1] if found else (tomb[0] if tomb else None)
-            uid = ((source or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
+            uid = ((source or {}).get("metadata", {}).get("labels") or {}).get(labels.ORIGIN_UID, "")
             front = {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}
         pod: Pod = {"metadata": front["metadata"], "spec": front["spec"], "status": status}
         return pod
@@ -485,7 +485,7 @@ class FederationProvider:
         await memberforward.forward(self.dispatcher, namespace, name, port, stream, self._stream_limits)
 
     def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
-        return {forge.MEMBER: self.dispatcher.pin_of(f"{namespace}/{name}")}
+        return {labels.MEMBER: self.dispatcher.pin_of(f"{namespace}/{name}")}
 
     async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
         status = self.dispatcher.status(f"{namespace}/{name}")[1]
@@ -501,7 +501,7 @@ class FederationProvider:
                 continue
             async for key, member_pod in member.pods.by_origin.walk():
                 namespace, _, name = key.partition("/")
-                uid = (member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, "")
+                uid = (member_pod["metadata"].get("labels") or {}).get(labels.ORIGIN_UID, "")
                 out.append({"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}})
         return out
 

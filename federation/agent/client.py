@@ -17,9 +17,8 @@ import grpc
 from federation.agent import capacity_pb2 as pb
 from federation.agent import capacity_pb2_grpc as pb_grpc
 from federation.agent.convert import apply_node, remove_node
-from federation.capacity import summary as capacity
 from federation.capacity.inventory import Inventory
-from federation.capacity.summary import MemberCapacity
+from federation.capacity.summary import CapacityPolicy, MemberCapacity, Summarizer
 from federation.config import MemberConfig
 from vkprovider import logs
 
@@ -40,7 +39,7 @@ class AgentSource:
         self._last_contact_wall: float | None = None
         self._last_error: str | None = None
         self.updates = 0
-        self._summarizer = capacity.Summarizer(config.name)
+        self._summarizer = Summarizer(config.name)
         self._log = logs.get("agent-client", cluster=config.name, agent=config.agent_address)
 
     @property
@@ -59,7 +58,7 @@ class AgentSource:
         since = self._last_contact if self._last_contact is not None else self._started
         return time.monotonic() - since
 
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
+    def summarize(self, policy: CapacityPolicy) -> MemberCapacity:
         return self._summarizer.summarize(self.inventory, policy)
 
     def _apply(self, update: pb.Update) -> None:

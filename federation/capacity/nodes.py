@@ -19,15 +19,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from federation import labels
 from federation.capacity import quantities
-from federation.capacity import summary as capacity
-from federation.capacity.summary import Damper
-from federation.dispatch import routing
+from federation.capacity.summary import TRACKED, Damper
 from federation.members.member import Member
 from vkprovider.provider import NodeStatus
 
 GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
-MEMBER_LABEL = "vkprovider.io/member"
 
 
 class VirtualNodes:
@@ -111,12 +109,12 @@ def node_status(members: list[Member], instance: str, per_member: bool) -> NodeS
             "networkPods": {k: _fmt(v, brief=True) for k, v in sorted(summary.network_pods.items())},
             "numaLargestZone": _fmt(summary.numa_largest, brief=True),
         }
-    for name in capacity.TRACKED:
+    for name in TRACKED:
         total.setdefault(name, 0)
     node_labels = {f"{GPU_LABEL_PREFIX}{model}": "true" for model in sorted(models)}
-    node_labels[routing.INSTANCE_KEY] = instance  # what the routing webhook selects
+    node_labels[labels.INSTANCE] = instance  # what the routing webhook selects
     if per_member and members:
-        node_labels[MEMBER_LABEL] = members[0].name
+        node_labels[labels.MEMBER] = members[0].name
         if len(models) == 1:
             node_labels["nvidia.com/gpu.product"] = next(iter(models))
     message = (
@@ -138,7 +136,7 @@ def node_status(members: list[Member], instance: str, per_member: bool) -> NodeS
 
 
 def _fmt(vec: dict[str, int], *, brief: bool = False) -> dict[str, str]:
-    keep = (quantities.CPU, quantities.MEMORY, quantities.GPU) if brief else capacity.TRACKED
+    keep = (quantities.CPU, quantities.MEMORY, quantities.GPU) if brief else TRACKED
     return {k: quantities.format_quantity(k, v) for k, v in sorted(vec.items()) if k in keep}
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
 
-from federation import podsecurity
+from federation import jobs, labels, podsecurity
 from federation.capacity.inventory import pod_requests
 from federation.capacity.summary import MemberCapacity
 from federation.dispatch import forge, hybrid, placement
@@ -57,9 +57,6 @@ from vkprovider.kube import (
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstore import PodOverlay, PodSubset
 from vkprovider.provider import ProviderError, ProviderInvalid
-
-PIN = forge.MEMBER
-RECLAIM_AT = disruption.RECLAIM_AT
 
 
 class Dispatcher:
@@ -131,7 +128,7 @@ class Dispatcher:
             job = self.jobs.setdefault(ref.key, Job(ref=ref, gang=gang, pods=PodSubset(self.front_pods)))
             if group is not None:
                 job.has_group = True
-                job.recorded = ((group.get("metadata") or {}).get("annotations") or {}).get(PIN)
+                job.recorded = ((group.get("metadata") or {}).get("annotations") or {}).get(labels.MEMBER)
         self.job_of_pod[pod_key(pod)] = ref.key
         return job
 
@@ -158,7 +155,7 @@ class Dispatcher:
             api_version, plural = GROUP_RESOURCES[job.ref.source]
             path = f"/apis/{api_version}/namespaces/{job.ref.namespace}/{plural}/{job.ref.name}"
             try:
-                await front.patch(path, {"metadata": {"annotations": {PIN: member}}})
+                await front.patch(path, {"metadata": {"annotations": {labels.MEMBER: member}}})
             except NotFound:
                 job.has_group = False  # deleted meanwhile: pin the pods instead
             else:
@@ -173,7 +170,8 @@ class Dispatcher:
             async with limit:
                 try:
                     updated = await front.patch(
-                        f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"annotations": {PIN: member}}}
+                        f"/api/v1/namespaces/{namespace}/pods/{name}",
+                        {"metadata": {"annotations": {labels.MEMBER: member}}},
                     )
                 except (NotFound, Conflict):
                     return
@@ -188,10 +186,10 @@ class Dispatcher:
         group object's pin, or the pod's), else a member that runs pods of the job."""
         if job.member:
             return job.member
-        recorded = job.recorded if job.has_group else (pod["metadata"].get("annotations") or {}).get(PIN)
+        recorded = job.recorded if job.has_group else (pod["metadata"].get("annotations") or {}).get(labels.MEMBER)
         if recorded:
             return recorded
-        label = forge.job_hash(job.ref)
+        label = jobs.job_hash(job.ref)
         for name in self._members():
             pods = self.pods_in(name)
             if pods is not None and label in pods.jobs:
@@ -217,7 +215,7 @@ class Dispatcher:
             if job.failed:
                 return
             tomb = self.tombstone(key)
-            if tomb is not None and (tomb[0]["metadata"].get("labels") or {}).get(forge.ORIGIN_UID) == pod[
+            if tomb is not None and (tomb[0]["metadata"].get("labels") or {}).get(labels.ORIGIN_UID) == pod[
                 "metadata"
             ].get("uid"):
                 self._notify(key)  # taken away in its member: reported, never re-created
@@ -301,7 +299,7 @@ class Dispatcher:
         pods = self.pods_in(member)
         there = set()
         if pods is not None:
-            label = forge.job_hash(job.ref)
+            label = jobs.job_hash(job.ref)
             there = set(pods.keys_of(label))
         return len(set(job.pods) | there)
 

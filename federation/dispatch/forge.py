@@ -16,24 +16,13 @@ Back: phase, conditions, container statuses, pod IP, start time, reason and mess
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from federation import bands, labels
 from federation.capacity import quantities
 from federation.dispatch.placement import Placement
-from federation.jobs import GangSpec, JobRef
+from federation.jobs import GangSpec, JobRef, job_hash
 from vkprovider.objects import Pod, PodStatus, clone
-
-MANAGED = labels.MANAGED
-ORIGIN_UID = "vkprovider.io/origin-uid"
-ORIGIN_NAMESPACE = "vkprovider.io/origin-namespace"
-ORIGIN_NAME = "vkprovider.io/origin-name"
-JOB_LABEL = "vkprovider.io/job"
-JOB_KEY = "vkprovider.io/job-key"
-INSTANCE = "vkprovider.io/instance"
-MEMBER = "vkprovider.io/member"
-
 
 VIRTUAL_TOLERATION_KEYS = ("virtual-kubelet.io/provider",)
 VIRTUAL_SELECTOR_PREFIXES = ("vkprovider.io/", "gpu.vkprovider.io/")
@@ -42,17 +31,9 @@ FRONT_GANG_ANNOTATIONS = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh
 COLOCATION_NAMES = {"cpu": "kubernetes.io/batch-cpu", "memory": "kubernetes.io/batch-memory"}
 
 
-def job_hash(job: JobRef) -> str:
-    """A label-safe stand-in for a job key (labels hold 63 characters)."""
-    return hashlib.sha256(job.key.encode()).hexdigest()[:16]
-
-
-ROLE_RANK = bands.RANK
-
-
 def gang_role(roles: list[str]) -> str:
     """The role whose class a gang's core shares: the highest among its pods."""
-    return max(roles, key=lambda r: ROLE_RANK.get(r, 2), default=bands.DEFAULT)
+    return max(roles, key=lambda r: bands.RANK.get(r, 2), default=bands.DEFAULT)
 
 
 def gang_name(job: JobRef) -> str:
@@ -146,23 +127,23 @@ def to_member(
             if "resources" in container:
                 container["resources"] = _translate_resources(container["resources"], colocation)
     member_labels = {
-        k: v for k, v in (meta.get("labels") or {}).items() if k not in FRONT_GANG_LABELS and k != JOB_LABEL
+        k: v for k, v in (meta.get("labels") or {}).items() if k not in FRONT_GANG_LABELS and k != labels.JOB_LABEL
     }
     member_labels.update(
         {
-            MANAGED: "true",
-            ORIGIN_UID: meta.get("uid", ""),
-            JOB_LABEL: job_hash(job),
-            INSTANCE: instance,
+            labels.MANAGED: "true",
+            labels.ORIGIN_UID: meta.get("uid", ""),
+            labels.JOB_LABEL: job_hash(job),
+            labels.INSTANCE: instance,
         }
     )
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in FRONT_GANG_ANNOTATIONS}
     annotations.update(
         {
-            ORIGIN_NAMESPACE: meta.get("namespace", ""),
-            ORIGIN_NAME: meta.get("name", ""),
-            JOB_KEY: job.key,
-            MEMBER: member,
+            labels.ORIGIN_NAMESPACE: meta.get("namespace", ""),
+            labels.ORIGIN_NAME: meta.get("name", ""),
+            labels.JOB_KEY: job.key,
+            labels.MEMBER: member,
             # What a restarted provider's reclaim planner needs without the front end.
             labels.BAND: role,
             labels.GANG_MIN: str(gang.min_member if gang.is_gang else 0),
@@ -207,8 +188,8 @@ def gang_object(
     meta = {
         "name": gang_name(job),
         "namespace": namespace,
-        "labels": {MANAGED: "true", JOB_LABEL: job_hash(job), INSTANCE: instance},
-        "annotations": {JOB_KEY: job.key},
+        "labels": {labels.MANAGED: "true", labels.JOB_LABEL: job_hash(job), labels.INSTANCE: instance},
+        "annotations": {labels.JOB_KEY: job.key},
     }
     if gang_api == "native":
         spec: dict[str, Any] = {

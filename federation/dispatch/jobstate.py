@@ -12,6 +12,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from federation import labels
 from federation.dispatch import forge, placement
 from federation.jobs import GangSpec, JobRef
 from federation.members import disruption, outages
@@ -55,7 +56,7 @@ def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
     """A front-end pod to report on when the dispatcher no longer holds it (after a restart):
     its name, and the uid and spec its member copy carries."""
     namespace, _, name = key.partition("/")
-    uid = ((member_pod or {}).get("metadata", {}).get("labels") or {}).get(forge.ORIGIN_UID, "")
+    uid = ((member_pod or {}).get("metadata", {}).get("labels") or {}).get(labels.ORIGIN_UID, "")
     spec = (member_pod or {}).get("spec") or {"containers": []}
     return {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": spec}
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation.dispatch import forge
+from federation import labels
 
 SKIPPED_CONFIGMAPS = frozenset({"kube-root-ca.crt"})
-REFLECTED = "vkprovider.io/reflected"
 
 
 def references(spec: dict[str, Any]) -> tuple[set[str], set[str]]:
@@ -51,12 +50,12 @@ def references(spec: dict[str, Any]) -> tuple[set[str], set[str]]:
 
 def _reflected_meta(meta: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
     """Metadata of any reflected copy: the source's name and labels, plus ours."""
-    labels = {**(meta.get("labels") or {}), forge.MANAGED: "true", REFLECTED: "true", forge.INSTANCE: instance}
+    ours = {labels.MANAGED: "true", labels.REFLECTED: "true", labels.INSTANCE: instance}
     return {
         "name": meta.get("name"),
         "namespace": namespace,
-        "labels": labels,
-        "annotations": {forge.ORIGIN_UID: meta.get("uid", "")},
+        "labels": {**(meta.get("labels") or {}), **ours},
+        "annotations": {labels.ORIGIN_UID: meta.get("uid", "")},
     }
 
 

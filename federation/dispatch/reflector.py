@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from federation import labels
 from federation.dispatch import forge, reflect
 from federation.members.pods import MemberPods
 from vkprovider import logs
@@ -101,7 +102,7 @@ class Reflector:
         """Delete reflected objects no pod of ours needs any more; refresh the others."""
         front = self._front()
         assert front is not None
-        selector = {"labelSelector": f"{reflect.REFLECTED}=true,{forge.INSTANCE}={self.instance}"}
+        selector = {"labelSelector": f"{labels.REFLECTED}=true,{labels.INSTANCE}={self.instance}"}
         for name in list(self._members()):
             pods = self._pods_in(name)
             if pods is None or pods.client is None or not pods.synced.is_set():

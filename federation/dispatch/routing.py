@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from federation import bands
+from federation import bands, labels
 
 POLICY_LABEL = "vkprovider.io/routing"
 ROUTED = "vkprovider.io/routed"
@@ -39,7 +39,6 @@ VIRTUAL = "virtual-kubelet"
 TAINT_KEY = "virtual-kubelet.io/provider"
 
 TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-INSTANCE_KEY = "vkprovider.io/instance"
 OFF_VIRTUAL = {"key": NODE_TYPE_KEY, "operator": "NotIn", "values": [VIRTUAL]}
 
 
@@ -52,7 +51,7 @@ def policy_of(pod: dict[str, Any], namespace_policy: str | None) -> str | None:
 
 def on_virtual(instance: str) -> dict[str, Any]:
     """The node affinity expression for this provider's virtual nodes."""
-    return {"key": INSTANCE_KEY, "operator": "In", "values": [instance]}
+    return {"key": labels.INSTANCE, "operator": "In", "values": [instance]}
 
 
 def placement(policy: str, band: str, instance: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from federation import podsecurity
+from federation import jobs, labels, podsecurity
 from federation.capacity.inventory import pod_requests
 from federation.dispatch import forge, placement
 from federation.dispatch.reflector import Reflector
@@ -151,8 +151,8 @@ class MemberWriter:
         client: KubeClient = entry.pods.client
         config = entry.config
         namespace = forge.member_namespace(job.namespace, config.namespace_prefix)
-        label = forge.job_hash(job)
-        selector = {"labelSelector": f"{forge.JOB_LABEL}={label},{forge.INSTANCE}={self.instance}"}
+        label = jobs.job_hash(job)
+        selector = {"labelSelector": f"{labels.JOB_LABEL}={label},{labels.INSTANCE}={self.instance}"}
         for key in entry.pods.keys_of(label):
             entry.pods.expect_deletion(entry.pods.by_origin.uid(key) or "")
         with contextlib.suppress(NotFound):

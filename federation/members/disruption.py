@@ -27,7 +27,6 @@ from federation import labels
 from vkprovider.objects import Pod, PodStatus
 from vkprovider.podstatus import failed_status, now_rfc3339
 
-RECLAIM_AT = labels.RECLAIM_AT
 PLANNER_REASON = "ReclaimedForOnlineLoad"
 BY_HAND = "DeletedInMember"
 
@@ -80,10 +79,11 @@ def cause_of(member_pod: dict[str, Any], *, member: str, gone: bool) -> Disrupti
     if condition is not None:
         cause = str(condition.get("reason") or "DisruptionTarget")
         detail = str(condition.get("message") or "")
-    elif (meta.get("annotations") or {}).get(RECLAIM_AT):
+    elif (meta.get("annotations") or {}).get(labels.RECLAIM_AT):
         annotations = meta.get("annotations") or {}
         why = annotations.get(labels.RECLAIM_REASON)
-        cause, detail = PLANNER_REASON, f"notice deadline {annotations[RECLAIM_AT]}" + (f"; {why}" if why else "")
+        cause, detail = PLANNER_REASON, f"notice deadline {annotations[labels.RECLAIM_AT]}"
+        detail += f"; {why}" if why else ""
     else:
         cause, detail = BY_HAND, ""
     if not gone and phase not in ("Succeeded", "Failed"):

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from federation.capacity import summary as capacity
 from federation.capacity.inventory import Inventory
-from federation.capacity.summary import MemberCapacity
+from federation.capacity.summary import CapacityPolicy, MemberCapacity, Summarizer
 from federation.config import MemberConfig
 from federation.members import outages
 from federation.members.pods import MemberPods
@@ -42,7 +41,7 @@ class CapacitySource(Protocol):
     @property
     def inventory(self) -> Inventory: ...
 
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity: ...
+    def summarize(self, policy: CapacityPolicy) -> MemberCapacity: ...
 
     async def run(self) -> None: ...
 
@@ -53,7 +52,7 @@ class DirectSource:
     def __init__(self, name: str, access: ClusterAccess, *, on_change: Callable[[], None], network_pod_label: str):
         self.name = name
         self.watcher = MemberWatcher(name, access, on_change=on_change, network_pod_label=network_pod_label)
-        self._summarizer = capacity.Summarizer(name)
+        self._summarizer = Summarizer(name)
 
     @property
     def synced(self) -> asyncio.Event:
@@ -74,7 +73,7 @@ class DirectSource:
     def inventory(self) -> Inventory:
         return self.watcher.inventory
 
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
+    def summarize(self, policy: CapacityPolicy) -> MemberCapacity:
         return self._summarizer.summarize(self.watcher.inventory, policy)
 
     async def run(self) -> None:
@@ -123,8 +122,8 @@ class UnusableSource:
     def inventory(self) -> Inventory:
         return self._inventory
 
-    def summarize(self, policy: capacity.CapacityPolicy) -> MemberCapacity:
-        return capacity.Summarizer(self.name).summarize(self._inventory, policy)
+    def summarize(self, policy: CapacityPolicy) -> MemberCapacity:
+        return Summarizer(self.name).summarize(self._inventory, policy)
 
     async def run(self) -> None:
         while True:

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 import yaml
 
-from federation import podsecurity
+from federation import labels, podsecurity
 from federation.config import CapacityConfig, MemberConfig, ReclaimConfig, TenancyConfig
 from federation.members import outages
 from federation.members.member import Member
@@ -27,8 +27,6 @@ from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.podstatus import now_rfc3339
 from vkprovider.provider import ProviderError
-
-MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
 
 #: What an object's new state means for the member of its name: "ignore" (a member of that name
 #: comes from the settings), "unchanged", "drain" (disabled while our pods run there: the
@@ -111,7 +109,7 @@ class MemberObjects:
         failure: configured members are used rather than waiting on the front end)."""
         while True:
             try:
-                listed = await self._client.list(MEMBERS_PATH, params=self._selector)
+                listed = await self._client.list(labels.MEMBERS_PATH, params=self._selector)
                 seen = set()
                 for obj in listed["items"]:
                     seen.add(obj["metadata"]["name"])
@@ -121,7 +119,9 @@ class MemberObjects:
                 self._members.started.set()
                 rv = listed["metadata"]["resourceVersion"]
                 while True:
-                    async for event in self._client.watch(MEMBERS_PATH, resource_version=rv, params=self._selector):
+                    async for event in self._client.watch(
+                        labels.MEMBERS_PATH, resource_version=rv, params=self._selector
+                    ):
                         obj = event["object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
                         if event["type"] == "BOOKMARK":
@@ -141,7 +141,7 @@ class MemberObjects:
 
     async def _patch_status(self, name: str, status: dict[str, Any]) -> None:
         try:
-            await self._client.patch(f"{MEMBERS_PATH}/{name}/status", {"status": status}, patch_type="merge")
+            await self._client.patch(f"{labels.MEMBERS_PATH}/{name}/status", {"status": status}, patch_type="merge")
         except ApiError as exc:
             self._log.debug("MemberCluster status not written", cluster=name, error=str(exc))
 

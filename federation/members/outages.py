@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from federation.dispatch import forge
+from federation import labels
 from federation.members.disruption import Disruption
 from vkprovider import logs
 from vkprovider.events import EventRecorder
@@ -108,7 +108,7 @@ def lost(member: str, node: str, outage: Outage) -> Disruption:
 
 
 def _origin_uid(member_pod: Mapping[str, Any]) -> str:
-    return str((member_pod["metadata"].get("labels") or {}).get(forge.ORIGIN_UID, ""))
+    return str((member_pod["metadata"].get("labels") or {}).get(labels.ORIGIN_UID, ""))
 
 
 def _age(member_pod: Mapping[str, Any], now: float) -> float:
@@ -127,7 +127,7 @@ def is_candidate(
     if meta.get("deletionTimestamp") or _age(member_pod, now) < min_age:
         return False
     annotations = meta.get("annotations") or {}
-    key = f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
+    key = f"{annotations.get(labels.ORIGIN_NAMESPACE, '')}/{annotations.get(labels.ORIGIN_NAME, '')}"
     return live.get(key) != _origin_uid(member_pod)
 
 
@@ -223,7 +223,7 @@ class OrphanReconciler:
         why: Tally[str] = Tally()
         for member_pod in found[: self.limit]:
             annotations = member_pod["metadata"].get("annotations") or {}
-            namespace, front_name = annotations.get(forge.ORIGIN_NAMESPACE), annotations.get(forge.ORIGIN_NAME)
+            namespace, front_name = annotations.get(labels.ORIGIN_NAMESPACE), annotations.get(labels.ORIGIN_NAME)
             try:
                 front: dict[str, Any] | None = await self.front.get(f"/api/v1/namespaces/{namespace}/pods/{front_name}")
             except NotFound:

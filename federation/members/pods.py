@@ -20,18 +20,16 @@ from typing import Any
 
 from cachetools import TTLCache
 
+from federation import labels
 from federation.capacity.inventory import pod_requests
 from federation.capacity.reservations import Reservations
-from federation.dispatch import forge, reflect
+from federation.dispatch import reflect
 from federation.members import disruption
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, WriteFence
 from vkprovider.kube.relist import Relist, relist
 from vkprovider.podstatus import is_terminal
 from vkprovider.podstore import PodStore
-
-RECLAIM_AT = disruption.RECLAIM_AT
-
 
 Tombstones = TTLCache[str, tuple[dict[str, Any], disruption.Disruption]]
 
@@ -95,11 +93,11 @@ class MemberPods:
     @staticmethod
     def origin(pod: dict[str, Any]) -> str:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        return f"{annotations.get(forge.ORIGIN_NAMESPACE, '')}/{annotations.get(forge.ORIGIN_NAME, '')}"
+        return f"{annotations.get(labels.ORIGIN_NAMESPACE, '')}/{annotations.get(labels.ORIGIN_NAME, '')}"
 
     @staticmethod
     def _job_label(pod: dict[str, Any]) -> str:
-        return sys.intern(str((pod["metadata"].get("labels") or {}).get(forge.JOB_LABEL, "")))
+        return sys.intern(str((pod["metadata"].get("labels") or {}).get(labels.JOB_LABEL, "")))
 
     def keys_of(self, label: str) -> list[str]:
         """Front-end keys of the member pods of the job with this label."""
@@ -121,7 +119,7 @@ class MemberPods:
                 self.refs[key] = (pod["metadata"]["namespace"], frozenset(cms), frozenset(secrets))
             else:
                 self.refs.pop(key, None)
-        if ((pod.get("metadata") or {}).get("annotations") or {}).get(RECLAIM_AT):
+        if ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.RECLAIM_AT):
             self.noticed.add(key)
         else:
             self.noticed.discard(key)
@@ -190,7 +188,7 @@ class MemberPods:
     def ours(self, pod: dict[str, Any]) -> bool:
         """A member pod this instance made (what the label selector of our own watch picks)."""
         found = (pod.get("metadata") or {}).get("labels") or {}
-        return found.get(forge.MANAGED) == "true" and found.get(forge.INSTANCE) == self.instance
+        return found.get(labels.MANAGED) == "true" and found.get(labels.INSTANCE) == self.instance
 
     # The feed: our pods as listed and watched, by our own watch or by the member's capacity
     # watch (federation.watch), which sees every pod anyway: one watch of the member's pods
@@ -233,7 +231,7 @@ class MemberPods:
     async def run(self, *, watch: bool = True) -> None:
         """Hold the member client (for our writes) and, with `watch`, list and watch our pods;
         without, the feed comes from elsewhere (`listed`, `event`, `failed`)."""
-        params = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={self.instance}"}
+        params = {"labelSelector": f"{labels.MANAGED}=true,{labels.INSTANCE}={self.instance}"}
         async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
             self.client = client
             if not watch:

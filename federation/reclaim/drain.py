@@ -24,9 +24,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from federation import labels
 from federation.config import FederationConfig
-from federation.dispatch import forge, reflect
-from federation.members.objects import MEMBERS_PATH, access_from_secret
+from federation.members.objects import access_from_secret
 from vkprovider.kube import ApiError, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import in_cluster
 from vkprovider.settings import Settings
@@ -68,7 +68,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
     instance = settings.node.name
     async with KubeClient(access, user_agent="vkprovider-drain") as front:
         chosen = {"labelSelector": config.member_selector} if config.member_selector else None
-        objects = (await front.list(MEMBERS_PATH, params=chosen))["items"]
+        objects = (await front.list(labels.MEMBERS_PATH, params=chosen))["items"]
         names = [o["metadata"]["name"] for o in objects]
         _say(f"{len(names)} member(s): {', '.join(names) or '-'}")
         clients: dict[str, KubeClient] = {}
@@ -76,7 +76,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
             for obj in objects:
                 with contextlib.suppress(ApiError, ValueError):
                     clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
-            selector = {"labelSelector": f"{forge.MANAGED}=true,{forge.INSTANCE}={instance}"}
+            selector = {"labelSelector": f"{labels.MANAGED}=true,{labels.INSTANCE}={instance}"}
             # A tenant's credential cannot list Secrets across the member (federation.tenancy):
             # its reflected objects are looked for in the namespaces its pods use now.
             scoped: dict[str, set[str]] = {}
@@ -87,7 +87,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
                         listed = await clients[name].list("/api/v1/pods", params=selector)
                         scoped[name] = {p["metadata"]["namespace"] for p in listed["items"]}
             for name in names:
-                await front.patch(f"{MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
+                await front.patch(f"{labels.MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
             _say("members disabled: our pods there get checkpoint notices, then go")
 
             async def members_empty() -> bool:
@@ -101,7 +101,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
 
             await _until(members_empty, deadline=deadline, what="our pods to leave every member")
             _say("no member holds a pod of ours")
-            reflected = {"labelSelector": f"{reflect.REFLECTED}=true,{forge.INSTANCE}={instance}"}
+            reflected = {"labelSelector": f"{labels.REFLECTED}=true,{labels.INSTANCE}={instance}"}
             for name, client in clients.items():
                 collections = [
                     f"/api/v1/namespaces/{ns}/{plural}" if name in scoped else f"/api/v1/{plural}"
@@ -120,7 +120,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
                 await client.close()
         for name in names:
             with contextlib.suppress(NotFound):
-                await front.delete(f"{MEMBERS_PATH}/{name}")
+                await front.delete(f"{labels.MEMBERS_PATH}/{name}")
         if deployment:
             await _stop_deployment(front, deployment, deadline)
         for node in virtual_nodes(settings, config, names):

@@ -38,12 +38,11 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from federation import labels
+from federation import jobs, labels
 from federation.capacity import quantities
 from federation.capacity.inventory import Inventory, pod_requests
 from federation.capacity.summary import TRACKED, MemberCapacity, eligible, ours_canonical
 from federation.config import MemberConfig
-from federation.dispatch import forge
 from federation.jobs import GROUP_RESOURCES, JobRef
 from federation.members import disruption
 from federation.members.pods import MemberPods
@@ -262,7 +261,7 @@ class Reclaimer:
                     node=spec["nodeName"],
                     requests=requests,
                     band=annotations.get(labels.BAND) or "worker-min",
-                    job=(meta.get("labels") or {}).get(forge.JOB_LABEL, key),
+                    job=(meta.get("labels") or {}).get(labels.JOB_LABEL, key),
                     gang_min=gang_min,
                     deletion_cost=cost,
                     numa_zone=_numa_zone(annotations),
@@ -422,9 +421,9 @@ class Reclaimer:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "namespace": annotations.get(forge.ORIGIN_NAMESPACE, ""),
-                "name": annotations.get(forge.ORIGIN_NAME, ""),
-                "uid": (meta.get("labels") or {}).get(forge.ORIGIN_UID, ""),
+                "namespace": annotations.get(labels.ORIGIN_NAMESPACE, ""),
+                "name": annotations.get(labels.ORIGIN_NAME, ""),
+                "uid": (meta.get("labels") or {}).get(labels.ORIGIN_UID, ""),
             },
         }
 
@@ -527,7 +526,7 @@ class Reclaimer:
         started = parse_time((member_pod.get("status") or {}).get("startTime") or "")
         if started is not None:
             self.metrics.lost.labels(member, band, cause).inc(max(0.0, time.time() - started))
-        job = annotations.get(forge.JOB_KEY) or ""
+        job = annotations.get(labels.JOB_KEY) or ""
         origin = MemberPods.origin(member_pod)
         self._job_reports.setdefault((member, job), []).append((origin, what.pod_reason))
 
@@ -546,7 +545,7 @@ class Reclaimer:
                 continue
             value = json.dumps({"at": stamp, "count": len(taken)}, separators=(",", ":"))
             pods = member.pods_index()
-            label = forge.job_hash(_job_ref(job_key))
+            label = jobs.job_hash(_job_ref(job_key))
             for _, member_pod in pods.by_origin.scan(pods.keys_of(label)) if pods is not None else ():
                 if member_pod["metadata"].get("deletionTimestamp"):
                     continue

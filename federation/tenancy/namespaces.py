@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from federation import bands, podsecurity
+from federation import bands, labels, podsecurity
 from federation.config import MemberConfig, TenancyConfig
-from federation.dispatch import forge
-from federation.tenancy import policy as tenancy_mod
+from federation.tenancy import policy
 from vkprovider.kube import AlreadyExists, Forbidden, KubeClient, ensure_namespace, wait_for_account
 from vkprovider.provider import ProviderError
 
@@ -58,16 +57,16 @@ class MemberNamespaces:
             # create after it is not refused (CI saw a 403 on a create made at once).
             ready = await wait_for_account(client, namespace, account, timeout=ACCOUNT_WAIT, forbidden_for=RBAC_WAIT)
             if ready and config.tenancy.quota:
-                quota = tenancy_mod.resource_quota(config.tenancy.tenant, namespace, config.tenancy.quota)
+                quota = policy.resource_quota(config.tenancy.tenant, namespace, config.tenancy.quota)
                 with contextlib.suppress(AlreadyExists):
                     await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
         else:
             await self._priority_classes_of(member, config, client)
             # Ours from before (or labelled for another level) are relabelled; a namespace
             # someone else made in the member keeps its own labels.
-            labels = {forge.MANAGED: "true", **podsecurity.namespace_labels(level)}
+            wanted = {labels.MANAGED: "true", **podsecurity.namespace_labels(level)}
             ready = await ensure_namespace(
-                client, namespace, labels=labels, owned_by=forge.MANAGED, service_account=account
+                client, namespace, labels=wanted, owned_by=labels.MANAGED, service_account=account
             )
         if not ready:
             raise ProviderError(f"service account {account!r} does not exist in {member}/{namespace}")
@@ -92,17 +91,17 @@ class MemberNamespaces:
         """A tenant's provider has no rights in a namespace until it binds its role there
         (federation.tenancy): namespace first, then the RoleBinding (the quota follows once the
         binding is in effect)."""
-        labels = {forge.MANAGED: "true", tenancy_mod.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
+        wanted = {labels.MANAGED: "true", policy.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
         try:
             try:
-                await client.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": labels}})
+                await client.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": wanted}})
             except AlreadyExists:
                 # No read on namespaces (other tenants' names are not ours to see): patch blind;
                 # the member's policy refuses it if the namespace is not this tenant's.
-                await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": labels}})
+                await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": wanted}})
         except Forbidden as exc:
             raise ProviderError(f"namespace {namespace} refused for tenant {tenancy.tenant}: {exc}") from exc
-        binding = tenancy_mod.role_binding(tenancy.tenant, namespace)
+        binding = policy.role_binding(tenancy.tenant, namespace)
         binding["roleRef"]["name"] = tenancy.cluster_role
         binding["subjects"] = [{"kind": "ServiceAccount", **tenancy.service_account.model_dump()}]
         with contextlib.suppress(AlreadyExists):

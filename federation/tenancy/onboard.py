@@ -37,12 +37,10 @@ from typing import Any
 
 import yaml
 
-from federation import bands, podsecurity
+from federation import bands, labels, podsecurity
 from federation.config import ReclaimConfig
-from federation.dispatch import forge
-from federation.members.objects import MEMBERS_PATH
 from federation.podsecurity import Level
-from federation.tenancy import policy as tenancy
+from federation.tenancy import policy
 from federation.tenancy.policy import TenancyError
 from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError
@@ -135,7 +133,7 @@ def _content(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _owned_by(current: dict[str, Any], tenant: str) -> bool:
-    return (current["metadata"].get("labels") or {}).get(tenancy.TENANT) == tenant
+    return (current["metadata"].get("labels") or {}).get(policy.TENANT) == tenant
 
 
 def token_claims(token: str) -> dict[str, Any]:
@@ -236,7 +234,7 @@ async def _preflight(clusters: Clusters, *, front_namespace: str, member_file: P
     await _reach(clusters.member, "member cluster", f"{clusters.member_access.server} ({member_file})")
     await _reach(clusters.front, "front-end cluster", str(front_file))
     try:
-        await clusters.front.list(MEMBERS_PATH, params={"limit": 1})
+        await clusters.front.list(labels.MEMBERS_PATH, params={"limit": 1})
     except NotFound:
         raise OnboardError(
             "the MemberCluster CRD is not installed in the front end: install the chart "
@@ -267,9 +265,9 @@ def _class_conflict(current: dict[str, Any], desired: dict[str, Any]) -> str | N
 
 
 def _priority_class_step(desired: dict[str, Any], current: dict[str, Any] | None, tenant: str) -> Step:
-    mark = tenancy.uses_label(tenant)
+    mark = policy.uses_label(tenant)
     if current is None:
-        desired["metadata"]["labels"] = {forge.MANAGED: "true", tenancy.MANAGED_BY: tenancy.ONBOARD, mark: "true"}
+        desired["metadata"]["labels"] = {labels.MANAGED: "true", policy.MANAGED_BY: policy.ONBOARD, mark: "true"}
         return Step(MEMBER, desired)
     step = Step(MEMBER, desired, current=current)
     conflict = _class_conflict(current, desired)
@@ -298,7 +296,7 @@ async def plan(
     """Steps in the member and in the front end (the kubeconfig Secret and MemberCluster are
     planned here but written after the token is made)."""
     member_steps: list[Step] = []
-    for desired in tenancy.member_objects(tenant, level, quota):
+    for desired in policy.member_objects(tenant, level, quota):
         current = await _current(clusters.member, desired)
         step = Step(MEMBER, desired, current=current)
         if current is not None:
@@ -319,10 +317,10 @@ async def plan(
         "metadata": {
             "name": f"{member_name}-kubeconfig",
             "namespace": front_namespace,
-            "labels": tenancy.labels(tenant),
+            "labels": policy.tenant_labels(tenant),
         },
     }
-    member_cluster = tenancy.member_cluster(
+    member_cluster = policy.member_cluster(
         name=member_name,
         tenant=tenant,
         secret_namespace=front_namespace,
@@ -374,8 +372,8 @@ async def _mark_made_meanwhile(client: KubeClient, obj: dict[str, Any]) -> None:
 
 async def _token(clusters: Clusters, tenant: str, ttl: float) -> tuple[str, str]:
     """A new token of the tenant's account, bound to its binding Secret; and that Secret's UID."""
-    home = tenancy.home_namespace(tenant)
-    binding = await clusters.member.get(f"/api/v1/namespaces/{home}/secrets/{tenancy.TOKEN_BINDING}")
+    home = policy.home_namespace(tenant)
+    binding = await clusters.member.get(f"/api/v1/namespaces/{home}/secrets/{policy.TOKEN_BINDING}")
     request = {
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",
@@ -384,19 +382,19 @@ async def _token(clusters: Clusters, tenant: str, ttl: float) -> tuple[str, str]
             "boundObjectRef": {
                 "kind": "Secret",
                 "apiVersion": "v1",
-                "name": tenancy.TOKEN_BINDING,
+                "name": policy.TOKEN_BINDING,
                 "uid": binding["metadata"]["uid"],
             },
         },
     }
-    answer = await clusters.member.create(f"/api/v1/namespaces/{home}/serviceaccounts/{tenancy.ACCOUNT}/token", request)
+    answer = await clusters.member.create(f"/api/v1/namespaces/{home}/serviceaccounts/{policy.ACCOUNT}/token", request)
     return str(answer["status"]["token"]), str(binding["metadata"]["uid"])
 
 
 async def _binding_uid(clusters: Clusters, tenant: str) -> str:
-    home = tenancy.home_namespace(tenant)
+    home = policy.home_namespace(tenant)
     try:
-        binding = await clusters.member.get(f"/api/v1/namespaces/{home}/secrets/{tenancy.TOKEN_BINDING}")
+        binding = await clusters.member.get(f"/api/v1/namespaces/{home}/secrets/{policy.TOKEN_BINDING}")
     except NotFound:
         return ""
     return str(binding["metadata"]["uid"])
@@ -453,8 +451,8 @@ async def onboard(
     dry_run: bool,
     reclaim: ReclaimConfig,
 ) -> list[Step]:
-    tenancy.check_name(tenant)
-    quota = tenancy.parse_quota(quota_text)
+    policy.check_name(tenant)
+    quota = policy.parse_quota(quota_text)
     member_access = load_kubeconfig(member_file)
     name = member_name or member_access.name
     server = server or member_access.server
@@ -502,7 +500,7 @@ async def onboard(
         if secret_step.action in ("create", "rotate"):
             token, _ = await _token(clusters, tenant, ttl)
             await _granted(member_access, token)
-            config = tenancy.kubeconfig(
+            config = policy.kubeconfig(
                 server=server, ca_data=member_access.ca_data, token=token, name=f"{name}-{tenant}"
             )
             if member_access.insecure_skip_verify:
@@ -529,7 +527,7 @@ def _say(message: str) -> None:
 
 async def _labelled(client: KubeClient, kind: str, tenant: str) -> list[dict[str, Any]]:
     try:
-        listed = await client.list(collection(kind), params={"labelSelector": f"{tenancy.TENANT}={tenant}"})
+        listed = await client.list(collection(kind), params={"labelSelector": f"{policy.TENANT}={tenant}"})
     except NotFound:
         return []  # the API (a CRD) is not there: nothing of that kind
     items: list[dict[str, Any]] = listed["items"]
@@ -542,7 +540,7 @@ async def _tenant_pods(member: KubeClient, tenant: str) -> list[dict[str, Any]]:
     out = []
     for ns in await _labelled(member, "Namespace", tenant):
         name = ns["metadata"]["name"]
-        if name == tenancy.home_namespace(tenant):
+        if name == policy.home_namespace(tenant):
             continue
         out.extend((await member.list(f"/api/v1/namespaces/{name}/pods"))["items"])
     return out
@@ -569,7 +567,7 @@ async def leftovers(member: KubeClient | None, front: KubeClient, tenant: str, m
             for item in await _labelled(member, kind, tenant):
                 meta = item["metadata"]
                 left.append(f"member: {kind} {meta.get('namespace', '-')}/{meta['name']}")
-        marked = await member.list(collection("PriorityClass"), params={"labelSelector": tenancy.uses_label(tenant)})
+        marked = await member.list(collection("PriorityClass"), params={"labelSelector": policy.uses_label(tenant)})
         left += [f"member: PriorityClass {p['metadata']['name']} (marked)" for p in marked["items"]]
     for kind in ("MemberCluster", "Secret"):
         for item in await _labelled(front, kind, tenant):
@@ -592,7 +590,7 @@ async def offboard(
     timeout: float,
     force: bool,
 ) -> list[str]:
-    tenancy.check_name(tenant)
+    policy.check_name(tenant)
     member_access = load_kubeconfig(member_file)
     name = member_name or member_access.name
     deadline = time.monotonic() + timeout
@@ -604,7 +602,7 @@ async def offboard(
         await _reach(member, "member cluster", f"{member_access.server} ({member_file})")
         await _reach(front, "front-end cluster", str(front_file))
         try:
-            current: dict[str, Any] | None = await front.get(f"{MEMBERS_PATH}/{name}")
+            current: dict[str, Any] | None = await front.get(f"{labels.MEMBERS_PATH}/{name}")
         except NotFound:
             current = None
         if current is not None and not _owned_by(current, tenant):
@@ -612,7 +610,7 @@ async def offboard(
         pods = await _tenant_pods(member, tenant)
         if current is not None:
             if (current.get("spec") or {}).get("enabled", True):
-                await front.patch(f"{MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
+                await front.patch(f"{labels.MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
                 _say(f"MemberCluster {name} disabled: the tenant's pods there get checkpoint notices, then go")
         elif pods and not force:
             raise OnboardError(
@@ -653,7 +651,7 @@ async def offboard(
                 with contextlib.suppress(NotFound):
                     await member.delete(path_of(item))
                 done.append(f"member: deleted {kind} {item['metadata']['name']}")
-        mark = tenancy.uses_label(tenant)
+        mark = policy.uses_label(tenant)
         marked = await member.list(collection("PriorityClass"), params={"labelSelector": mark})
         for item in marked["items"]:
             path = f"{collection('PriorityClass')}/{item['metadata']['name']}"
@@ -668,7 +666,7 @@ async def offboard(
         except OnboardError:
             left = await leftovers(member, front, tenant, name)
             raise OnboardError("objects of the tenant are left:\n  " + "\n  ".join(left)) from None
-        _say(f"nothing labelled {tenancy.TENANT}={tenant} is left in the member or for {name} in the front end")
+        _say(f"nothing labelled {policy.TENANT}={tenant} is left in the member or for {name} in the front end")
     return done
 
 

@@ -34,9 +34,8 @@ import base64
 import re
 from typing import Any
 
-from federation import bands, podsecurity
+from federation import bands, labels, podsecurity
 from federation.capacity import quantities
-from federation.dispatch import forge
 from federation.podsecurity import Level
 
 #: On every object onboarding creates, and on the namespaces the tenant's provider creates.
@@ -92,7 +91,7 @@ def uses_label(tenant: str) -> str:
     return f"{USES_PREFIX}{tenant}"
 
 
-def labels(tenant: str) -> dict[str, str]:
+def tenant_labels(tenant: str) -> dict[str, str]:
     return {TENANT: tenant, MANAGED_BY: ONBOARD}
 
 
@@ -120,7 +119,7 @@ def quota_hard(quota: dict[str, str]) -> dict[str, str]:
 
 
 def _meta(name: str, tenant: str, namespace: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": labels(tenant)}
+    meta: dict[str, Any] = {"name": name, "labels": tenant_labels(tenant)}
     if namespace is not None:
         meta["namespace"] = namespace
     return meta
@@ -307,7 +306,7 @@ def role_binding(tenant: str, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {"name": ROLE_BINDING, "namespace": namespace, "labels": {TENANT: tenant, forge.MANAGED: "true"}},
+        "metadata": {"name": ROLE_BINDING, "namespace": namespace, "labels": {TENANT: tenant, labels.MANAGED: "true"}},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": namespaced_role(tenant)},
         "subjects": [{"kind": "ServiceAccount", "namespace": home_namespace(tenant), "name": ACCOUNT}],
     }
@@ -317,7 +316,7 @@ def resource_quota(tenant: str, namespace: str, quota: dict[str, str]) -> dict[s
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": {"name": QUOTA, "namespace": namespace, "labels": {TENANT: tenant, forge.MANAGED: "true"}},
+        "metadata": {"name": QUOTA, "namespace": namespace, "labels": {TENANT: tenant, labels.MANAGED: "true"}},
         "spec": {"hard": quota_hard(quota)},
     }
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation import labels
 from vkprovider.kube import ApiError, Gone
 
 PODS = "/api/v1/pods"
@@ -58,7 +58,7 @@ class MemberWatch:
 
     @classmethod
     def for_job(cls, lab: Lab, members: list[str], job_hash: str, **kwargs: Any) -> MemberWatch:
-        return cls(lab=lab, members=members, selector=f"{forge.JOB_LABEL}={job_hash}", **kwargs)
+        return cls(lab=lab, members=members, selector=f"{labels.JOB_LABEL}={job_hash}", **kwargs)
 
     # -- what was seen ---------------------------------------------------------------------------
 
@@ -142,7 +142,7 @@ class MemberWatch:
             namespace=meta.get("namespace", ""),
             name=meta.get("name", ""),
             uid=uid,
-            origin_uid=(meta.get("labels") or {}).get(forge.ORIGIN_UID, ""),
+            origin_uid=(meta.get("labels") or {}).get(labels.ORIGIN_UID, ""),
             bound=bool((obj.get("spec") or {}).get("nodeName")),
             annotations=dict(meta.get("annotations") or {}),
         )

@@ -21,7 +21,7 @@ import yaml
 
 from e2e import binaries
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation import labels
 from tests.e2e.helpers import eventually, install_member_cluster_crd, make_namespace, pods, service_account_kubeconfig
 from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
 from tests.e2e.vk import VkProcess
@@ -349,7 +349,7 @@ async def test_installed_chart_is_enough_for_the_provider_and_uninstall_drains_e
         assert uninstalled.returncode == 0
         with pytest.raises(NotFound):
             await offline.get(f"/api/v1/nodes/{node}")
-        selector = {"labelSelector": f"{forge.INSTANCE}={node}"}
+        selector = {"labelSelector": f"{labels.INSTANCE}={node}"}
         for member in lab.members:
             async with lab.client(member) as client:
                 for plural in ("pods", "configmaps", "secrets", "services"):

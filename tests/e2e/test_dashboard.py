@@ -17,7 +17,7 @@ import pytest
 from e2e import online
 from e2e.browser import Browser, wait_for
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation import labels
 from tests.e2e.helpers import eventually, make_namespace
 from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import federation_vk
@@ -56,7 +56,7 @@ async def member_of(lab: Lab, ns: str, name: str) -> str | None:
         async with lab.client(member) as client:
             for pod in (await client.get("/api/v1/pods"))["items"]:
                 annotations = pod["metadata"].get("annotations") or {}
-                if annotations.get(forge.ORIGIN_NAME) == name and annotations.get(forge.ORIGIN_NAMESPACE) == ns:
+                if annotations.get(labels.ORIGIN_NAME) == name and annotations.get(labels.ORIGIN_NAMESPACE) == ns:
                     return member
     return None
 

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation import jobs, labels
 from federation.jobs import JobRef
 from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import MemberWatch, partial_spans
@@ -125,7 +125,7 @@ async def job_pods_in_members(lab: Lab, job: JobRef) -> dict[str, list[str]]:
     for member in lab.members:
         async with lab.client(member) as client:
             found = await client.list(
-                "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
+                "/api/v1/pods", params={"labelSelector": f"{labels.JOB_LABEL}={jobs.job_hash(job)}"}
             )
         out[member] = [p["metadata"]["name"] for p in found["items"]]
     return out
@@ -136,7 +136,7 @@ async def test_sixteen_gpu_gang_lands_whole_in_one_network_pod(
 ) -> None:
     ns = await make_namespace(offline, f"gang16-{uuid.uuid4().hex[:6]}")
     job = JobRef(ns, "native", "train")
-    watch = MemberWatch.for_job(lab, ["member-1", "member-3"], forge.job_hash(job))
+    watch = MemberWatch.for_job(lab, ["member-1", "member-3"], jobs.job_hash(job))
     await watch.start()
     try:
         annotations = {"vkprovider.io/same-network-pod": "true", "vkprovider.io/gpu-model": V100}
@@ -196,7 +196,7 @@ async def test_gang_that_fits_nowhere_times_out_and_leaves_nothing(
 ) -> None:
     ns = await make_namespace(offline, f"nofit-{uuid.uuid4().hex[:6]}")
     job = JobRef(ns, "native", "huge")
-    watch = MemberWatch.for_job(lab, lab.members, forge.job_hash(job))
+    watch = MemberWatch.for_job(lab, lab.members, jobs.job_hash(job))
     await watch.start()
     try:
         # 9 GPUs per pod: the pooled node has room in sum, no member node has 9.
@@ -237,7 +237,7 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
     await start_synced(proc)
     ns = await make_namespace(offline, f"rollback-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "native", "g4")
-    watch = MemberWatch.for_job(lab, ["member-2"], forge.job_hash(job))
+    watch = MemberWatch.for_job(lab, ["member-2"], jobs.job_hash(job))
     await watch.start()
     try:
         group = pod_group("g4", 4, {"vkprovider.io/gang-timeout-seconds": "8"})
@@ -250,7 +250,7 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
         async def running_in_member_3() -> bool:
             items = await pods(offline, ns)
             return len(items) == 4 and all(
-                p["status"].get("phase") == "Running" and p["metadata"]["annotations"].get(forge.MEMBER) == "member-3"
+                p["status"].get("phase") == "Running" and p["metadata"]["annotations"].get(labels.MEMBER) == "member-3"
                 for p in items
             )
 
@@ -262,7 +262,7 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
             groups = await member_2.list(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups")
         assert groups["items"] == [], "the member gang is deleted on rollback"
         front_group = await offline.get(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups/g4")
-        assert front_group["metadata"]["annotations"][forge.MEMBER] == "member-3"
+        assert front_group["metadata"]["annotations"][labels.MEMBER] == "member-3"
         events = await offline.list(f"/api/v1/namespaces/{ns}/events")
         assert any(e["reason"] == "GangRolledBack" and "member-2" in e["message"] for e in events["items"])
     finally:
@@ -321,7 +321,7 @@ async def test_other_gang_dialects_at_the_front_end(
         for member in lab.members:
             async with lab.client(member) as client:
                 leaked = await client.list(
-                    "/api/v1/pods", params={"labelSelector": f"{forge.JOB_LABEL}={forge.job_hash(job)}"}
+                    "/api/v1/pods", params={"labelSelector": f"{labels.JOB_LABEL}={jobs.job_hash(job)}"}
                 )
                 assert leaked["items"] == [], f"{member} has part of a waiting gang"
         await offline.create(f"/api/v1/namespaces/{ns}/pods", member_of_gang(2))
@@ -455,7 +455,7 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
         for trial in range(KILL_TRIALS):
             ns = await make_namespace(offline, f"kill{trial}-{uuid.uuid4().hex[:5]}")
             job = JobRef(ns, "native", "g32")
-            watch = MemberWatch.for_job(lab, lab.members, forge.job_hash(job))
+            watch = MemberWatch.for_job(lab, lab.members, jobs.job_hash(job))
             await watch.start()
             try:
                 annotations = {"vkprovider.io/gang-timeout-seconds": str(int(timeout))}

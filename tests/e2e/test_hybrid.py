@@ -16,6 +16,7 @@ import pytest
 
 from e2e import nodes, online
 from e2e.fixtures import Lab
+from federation import jobs, labels
 from federation.dispatch import forge, routing
 from federation.jobs import JobRef
 from tests.e2e.helpers import eventually, make_namespace, pods
@@ -114,16 +115,16 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         for name in floor:
             assert items[name]["spec"]["nodeName"].startswith(NATIVE_PREFIX), items[name]["spec"]["nodeName"]
             assert items[name]["metadata"]["annotations"][routing.ROUTED].startswith("hybrid/")
-        members = {items[e]["metadata"]["annotations"].get(forge.MEMBER) for e in elastic}
+        members = {items[e]["metadata"]["annotations"].get(labels.MEMBER) for e in elastic}
         assert {items[e]["spec"]["nodeName"] for e in elastic} == {proc.node}
         assert len(members) == 1 and None not in members, members
         member = members.pop()
         assert member is not None
         group_now = await offline.get(f"{PODGROUPS}/namespaces/{ns}/podgroups/ring")
-        assert group_now["metadata"]["annotations"].get(forge.MEMBER) == member  # pinned, durably
+        assert group_now["metadata"]["annotations"].get(labels.MEMBER) == member  # pinned, durably
         async with lab.client(member) as client:
             there = await pods(client, ns)
-            assert sorted(p["metadata"]["annotations"][forge.ORIGIN_NAME] for p in there) == elastic
+            assert sorted(p["metadata"]["annotations"][labels.ORIGIN_NAME] for p in there) == elastic
             gangs = await client.list(f"{PODGROUPS}/namespaces/{ns}/podgroups")
             assert gangs["items"] == [], "the floor is native: no gang object in the member for elastic workers"
 
@@ -138,10 +139,10 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         items = await eventually(
             lambda: all_running(11), timeout=60, what="2 more elastic workers running after a restart"
         )
-        assert {items[e]["metadata"]["annotations"].get(forge.MEMBER) for e in elastic} == {member}
+        assert {items[e]["metadata"]["annotations"].get(labels.MEMBER) for e in elastic} == {member}
         async with lab.client(member) as client:
             there = await pods(client, ns)
-            assert sorted(p["metadata"]["annotations"][forge.ORIGIN_NAME] for p in there) == sorted(elastic)
+            assert sorted(p["metadata"]["annotations"][labels.ORIGIN_NAME] for p in there) == sorted(elastic)
             assert uids <= {p["metadata"]["uid"] for p in there}, "a member pod was created again"
             assert (await client.list(f"{PODGROUPS}/namespaces/{ns}/podgroups"))["items"] == []
 
@@ -213,7 +214,7 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
     }
     to_native = {"nodeSelector": {nodes.CAPACITY_LABEL: nodes.NATIVE_CAPACITY}}
     job = JobRef(ns, "native", "big")
-    watch = MemberWatch.for_job(lab, lab.members, forge.job_hash(job))
+    watch = MemberWatch.for_job(lab, lab.members, jobs.job_hash(job))
     await watch.start()
     try:
         # 2 native + 2 virtual of a minimum of 4: the virtual 2 are a gang of 2 in one member.
@@ -235,8 +236,8 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
             )
 
         items = await eventually(started, timeout=90, what="the split gang running whole")
-        member = items["ok-v0"]["metadata"]["annotations"][forge.MEMBER]
-        assert items["ok-v1"]["metadata"]["annotations"][forge.MEMBER] == member
+        member = items["ok-v0"]["metadata"]["annotations"][labels.MEMBER]
+        assert items["ok-v1"]["metadata"]["annotations"][labels.MEMBER] == member
         async with lab.client(member) as client:
             gang = await client.get(
                 f"{PODGROUPS}/namespaces/{ns}/podgroups/{forge.gang_name(JobRef(ns, 'native', 'ok'))}"

@@ -20,7 +20,6 @@ import yaml
 
 from e2e.fixtures import Lab
 from federation import labels
-from federation.dispatch import reflect
 from federation.tenancy import policy as tenancy
 from federation.tenancy.onboard import KINDS, collection
 from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
@@ -191,7 +190,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
         for member in MEMBERS:
             async with lab.client(member) as admin:
                 # Reflected Secrets live in the tenant's own namespaces only.
-                secrets = await admin.list("/api/v1/secrets", params={"labelSelector": reflect.REFLECTED})
+                secrets = await admin.list("/api/v1/secrets", params={"labelSelector": labels.REFLECTED})
                 for item in secrets["items"]:
                     assert item["metadata"]["namespace"].startswith(f"{a}-"), item["metadata"]
         async with lab.client(member_b) as admin:

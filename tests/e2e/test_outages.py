@@ -23,7 +23,7 @@ import pytest
 from e2e import audit, binaries
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation import labels
 from tests.e2e.helpers import eventually, make_namespace, pods
 from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import UNREACHABLE_GRACE, federation_vk
@@ -76,7 +76,7 @@ async def member_pods(lab: Lab, member: str, ns: str) -> dict[str, dict[str, Any
     """Our member pods in the member namespace `ns`, by front-end name."""
     async with lab.client(member) as client:
         items = await pods(client, ns)
-    return {(p["metadata"].get("annotations") or {}).get(forge.ORIGIN_NAME, ""): p for p in items}
+    return {(p["metadata"].get("annotations") or {}).get(labels.ORIGIN_NAME, ""): p for p in items}
 
 
 async def create_pods(client: KubeClient, ns: str, bodies: list[dict[str, Any]]) -> None:
@@ -104,7 +104,7 @@ def status_changes(printed: bytes) -> dict[str, list[tuple[str, ...]]]:
         entries = [f for f in meta.get("managedFields") or [] if f.get("subresource") == "status"]
         newest: dict[str, Any] = max(entries, key=lambda f: f.get("time", ""), default={})
         conditions = ",".join(f"{c['type']}={c['status']}" for c in status.get("conditions") or [])
-        member = (meta.get("annotations") or {}).get(forge.MEMBER, "-")
+        member = (meta.get("annotations") or {}).get(labels.MEMBER, "-")
         change = (newest.get("manager", "?"), status.get("phase", ""), conditions, member, meta["resourceVersion"])
         out[meta["name"]].append(change)
     return out
@@ -368,7 +368,7 @@ async def test_a_front_end_outage_loses_no_status_change(lab: Lab, tmp_path: Pat
             async def first_status_written() -> bool:
                 # Each pod's first write (Pending, naming its member) is done: what the front end
                 # is told after the stop is the start alone.
-                return all((p["metadata"].get("annotations") or {}).get(forge.MEMBER) for p in await pods(offline, ns))
+                return all((p["metadata"].get("annotations") or {}).get(labels.MEMBER) for p in await pods(offline, ns))
 
             await eventually(first_status_written, timeout=30, what="every pod's first status written")
             early = [p["metadata"]["name"] for p in await pods(offline, ns) if p["status"].get("phase") == "Running"]

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation.labels import INSTANCE, MANAGED
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.test_dispatch import cleanup, cleanup_and_stop, start_synced
@@ -83,7 +83,7 @@ async def test_default_level_refuses_host_access_before_any_member_sees_it(
     proc = federation_vk(lab, tmp_path, lab.members)
     await start_synced(proc)
     ns = await make_namespace(offline, f"psa-{uuid.uuid4().hex[:6]}")
-    watch = MemberWatch(lab=lab, members=lab.members, selector=f"{forge.INSTANCE}={proc.node}", paths=(PODS,))
+    watch = MemberWatch(lab=lab, members=lab.members, selector=f"{INSTANCE}={proc.node}", paths=(PODS,))
     await watch.start()
     try:
         for name, (spec, _) in FORBIDDEN.items():
@@ -151,7 +151,7 @@ async def test_a_privileged_member_runs_them_and_relabels_its_namespace(
     # A namespace of ours from before, labelled for baseline: relabelled before a pod goes there
     # (else member-2's own admission would refuse the pods).
     async with lab.client("member-2") as member:
-        stale = {forge.MANAGED: "true", **psa_labels("baseline")}
+        stale = {MANAGED: "true", **psa_labels("baseline")}
         await member.create("/api/v1/namespaces", {"metadata": {"name": ns, "labels": stale}})
     try:
         await start_synced(proc)

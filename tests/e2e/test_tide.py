@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from e2e.fixtures import Lab
-from federation.dispatch import forge
+from federation import labels
 from tests.e2e.helpers import eventually, make_namespace, pod
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.test_dispatch import cleanup_and_stop
@@ -47,7 +47,7 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
     proc = federation_vk(lab, tmp_path, ["member-2"])
     await start_provider(proc, 1)
     ns = await make_namespace(offline, f"tide-{uuid.uuid4().hex[:6]}")
-    watch = MemberWatch(lab=lab, members=["member-2"], selector=f"{forge.INSTANCE}={proc.node}", paths=(PODS,))
+    watch = MemberWatch(lab=lab, members=["member-2"], selector=f"{labels.INSTANCE}={proc.node}", paths=(PODS,))
     await watch.start()
     used_cpu = 'vkprovider_used_cpu_seconds_total{member="member-2"}'
     used_gpu = 'vkprovider_used_gpu_seconds_total{member="member-2",model="Tesla-V100-SXM2-32GB"}'

@@ -101,7 +101,7 @@ async def test_a_native_floor_makes_every_virtual_pod_elastic_with_no_gang_in_th
     for pod in pods.values():
         assert "schedulingGroup" not in pod["spec"]
         assert pod["metadata"]["annotations"][labels.GANG_MIN] == "0"
-    assert world.front.objects[f"{GROUPS}/ring"]["metadata"]["annotations"][forge.MEMBER] == "m1"
+    assert world.front.objects[f"{GROUPS}/ring"]["metadata"]["annotations"][labels.MEMBER] == "m1"
 
 
 async def test_a_split_gang_sends_its_virtual_part_as_a_gang_of_that_size_and_survives_a_restart() -> None:

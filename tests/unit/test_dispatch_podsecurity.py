@@ -14,8 +14,8 @@ import pytest
 from federation import podsecurity
 from federation.capacity.summary import MemberCapacity, NodeFree
 from federation.config import MemberConfig
-from federation.dispatch import forge
 from federation.dispatch.dispatcher import Dispatcher
+from federation.labels import MANAGED
 from federation.members.pods import MemberPods
 from tests.unit.fakeapi import FakeApi
 from vkprovider.metrics import Metrics
@@ -101,8 +101,8 @@ async def test_placement_skips_members_whose_level_refuses_the_pod() -> None:
     # m1 is preferred (weight 2) but baseline: the hostPath pod goes to m2.
     assert world.placed() == {"m1": ["plain"], "m2": ["h"]}
     labels = {n: api.objects[f"{NAMESPACES}/{NS}"]["metadata"]["labels"] for n, api in world.apis.items()}
-    assert labels["m1"] == {forge.MANAGED: "true", **podsecurity.namespace_labels("baseline")}
-    assert labels["m2"] == {forge.MANAGED: "true", **podsecurity.namespace_labels("privileged")}
+    assert labels["m1"] == {MANAGED: "true", **podsecurity.namespace_labels("baseline")}
+    assert labels["m2"] == {MANAGED: "true", **podsecurity.namespace_labels("privileged")}
 
 
 async def test_a_pinned_job_is_checked_against_its_member_only() -> None:
@@ -136,7 +136,7 @@ async def test_a_restricted_member_takes_only_hardened_pods() -> None:
 async def test_namespaces_of_ours_are_relabelled_and_others_left_alone() -> None:
     world = World()
     m1 = world.apis["m1"]
-    stale = {forge.MANAGED: "true", "pod-security.kubernetes.io/enforce": "privileged", "team": "a"}
+    stale = {MANAGED: "true", "pod-security.kubernetes.io/enforce": "privileged", "team": "a"}
     m1.objects[f"{NAMESPACES}/{NS}"] = {"metadata": {"name": NS, "labels": dict(stale)}}
     m1.objects[f"{NAMESPACES}/other"] = {"metadata": {"name": "other", "labels": {"team": "b"}}}
     await world.dispatcher.create(front_pod("a"))

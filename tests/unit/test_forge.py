@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from federation import jobs, labels
 from federation.dispatch import forge, reflect
 from federation.dispatch.placement import Placement
 from federation.jobs import GangSpec, JobRef
@@ -79,12 +80,12 @@ def test_member_pod_identity_and_what_is_stripped() -> None:
     out = translate(front_pod())
     meta, spec = out["metadata"], out["spec"]
     assert meta["name"] == "w0" and meta["namespace"] == "offline-team-a"
-    assert meta["labels"][forge.MANAGED] == "true" and meta["labels"][forge.ORIGIN_UID] == "uid-1"
-    assert meta["labels"][forge.JOB_LABEL] == forge.job_hash(JOB) and len(forge.job_hash(JOB)) <= 63
+    assert meta["labels"][labels.MANAGED] == "true" and meta["labels"][labels.ORIGIN_UID] == "uid-1"
+    assert meta["labels"][labels.JOB_LABEL] == jobs.job_hash(JOB) and len(jobs.job_hash(JOB)) <= 63
     assert "scheduling.x-k8s.io/pod-group" not in meta["labels"]
     assert "scheduling.k8s.io/group-name" not in meta["annotations"]
     assert meta["annotations"]["scheduling.koordinator.sh/numa-topology-spec"] == "{}"  # NUMA untouched
-    assert meta["annotations"][forge.MEMBER] == "member-2"
+    assert meta["annotations"][labels.MEMBER] == "member-2"
     for gone in ("nodeName", "schedulingGates", "priority"):
         assert gone not in spec
     assert spec["nodeSelector"] == {"disk": "ssd"}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from federation.dispatch import forge
+from federation import labels
 from federation.members import outages
 from vkprovider import podstatus
 from vkprovider.podstore import PodStore
@@ -54,8 +54,8 @@ def member_pod(
         "name": name,
         "uid": f"m-{uid}",
         "creationTimestamp": _stamp(NOW - age),
-        "labels": {forge.ORIGIN_UID: uid},
-        "annotations": {forge.ORIGIN_NAMESPACE: "ns", forge.ORIGIN_NAME: name},
+        "labels": {labels.ORIGIN_UID: uid},
+        "annotations": {labels.ORIGIN_NAMESPACE: "ns", labels.ORIGIN_NAME: name},
     }
     if deleting:
         meta["deletionTimestamp"] = _stamp(NOW)
