@@ -17,21 +17,78 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from federation import labels
 from federation.capacity import quantities
-from federation.capacity.summary import TRACKED, Damper
-from federation.members.member import Member
+from federation.capacity.summary import TRACKED, MemberCapacity
 from vkprovider.provider import NodeStatus
 
 GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
 
 
+@dataclass
+class Damper:
+    """Hysteresis for published capacity: decreases are published at once (never over-admit);
+    an increase waits until it exceeds `relative` of the published value (or `absolute` units)
+    or has held for `hold` seconds, so noise does not flap the node."""
+
+    relative: float = 0.02
+    absolute: dict[str, int] = field(default_factory=lambda: {quantities.CPU: 1000, quantities.MEMORY: 2**30})
+    hold: float = 10.0
+    published: dict[str, int] = field(default_factory=dict)
+    _pending_since: float | None = None
+
+    def update(self, computed: dict[str, int], now: float) -> tuple[dict[str, int], bool]:
+        """(what to publish, whether it changed)."""
+        if computed == self.published:
+            self._pending_since = None
+            return self.published, False
+        names = set(computed) | set(self.published)
+        decrease = any(computed.get(n, 0) < self.published.get(n, 0) for n in names)
+        big = any(
+            abs(computed.get(n, 0) - self.published.get(n, 0))
+            > max(self.relative * self.published.get(n, 0), self.absolute.get(n, 0))
+            for n in names
+        )
+        if self._pending_since is None:
+            self._pending_since = now
+        if decrease or big or not self.published or now - self._pending_since >= self.hold:
+            self.published = dict(computed)
+            self._pending_since = None
+            return self.published, True
+        return self.published, False
+
+
+class _Enabled(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+
+class Lender(Protocol):
+    """What a node's status reads of one member (federation.members.member.Member)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> _Enabled: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def reachable(self) -> bool: ...
+
+    @property
+    def summary(self) -> MemberCapacity | None: ...
+
+
 class VirtualNodes:
     """The nodes of instance `instance` over `members` (the provider's own dict, read live)."""
 
-    def __init__(self, instance: str, members: Mapping[str, Member], *, per_member: bool, damping_hold: float) -> None:
+    def __init__(self, instance: str, members: Mapping[str, Lender], *, per_member: bool, damping_hold: float) -> None:
         self.instance, self.per_member, self.damping_hold = instance, per_member, damping_hold
         self._members = members
         self._dampers: dict[str, Damper] = {}
@@ -46,7 +103,7 @@ class VirtualNodes:
     def node_of(self, member: str) -> str:
         return f"{self.instance}-{member}" if self.per_member else self.instance
 
-    def members_of(self, node: str) -> list[Member]:
+    def members_of(self, node: str) -> list[Lender]:
         if not self.per_member:
             return [m for m in self._members.values() if m.config.enabled]
         return [
@@ -89,7 +146,7 @@ class VirtualNodes:
                     callback(node)
 
 
-def node_status(members: list[Member], instance: str, per_member: bool) -> NodeStatus:
+def node_status(members: list[Lender], instance: str, per_member: bool) -> NodeStatus:
     """A node's status from its members' latest summaries (undamped)."""
     total: dict[str, int] = {}
     models: set[str] = set()

@@ -285,39 +285,6 @@ def _largest(nodes: list[NodeFree]) -> dict[str, dict[str, int]]:
 
 
 @dataclass
-class Damper:
-    """Hysteresis for published capacity: decreases are published at once (never over-admit);
-    an increase waits until it exceeds `relative` of the published value (or `absolute` units)
-    or has held for `hold` seconds, so noise does not flap the node."""
-
-    relative: float = 0.02
-    absolute: dict[str, int] = field(default_factory=lambda: {quantities.CPU: 1000, quantities.MEMORY: 2**30})
-    hold: float = 10.0
-    published: dict[str, int] = field(default_factory=dict)
-    _pending_since: float | None = None
-
-    def update(self, computed: dict[str, int], now: float) -> tuple[dict[str, int], bool]:
-        """(what to publish, whether it changed)."""
-        if computed == self.published:
-            self._pending_since = None
-            return self.published, False
-        names = set(computed) | set(self.published)
-        decrease = any(computed.get(n, 0) < self.published.get(n, 0) for n in names)
-        big = any(
-            abs(computed.get(n, 0) - self.published.get(n, 0))
-            > max(self.relative * self.published.get(n, 0), self.absolute.get(n, 0))
-            for n in names
-        )
-        if self._pending_since is None:
-            self._pending_since = now
-        if decrease or big or not self.published or now - self._pending_since >= self.hold:
-            self.published = dict(computed)
-            self._pending_since = None
-            return self.published, True
-        return self.published, False
-
-
-@dataclass
 class _NodeShare:
     version: int
     eligible: bool

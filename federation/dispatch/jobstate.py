@@ -52,6 +52,11 @@ class Job:
         return replace(self.gang, min_member=max(1, self.member_min))
 
 
+def job_state(job: Job) -> str:
+    """waiting, dispatched, or why it failed (GangTimeout, MemberRemoved)."""
+    return job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
+
+
 def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
     """A front-end pod to report on when the dispatcher no longer holds it (after a restart):
     its name, and the uid and spec its member copy carries."""

@@ -12,41 +12,6 @@ from typing import Any
 
 from federation import labels
 
-SKIPPED_CONFIGMAPS = frozenset({"kube-root-ca.crt"})
-
-
-def references(spec: dict[str, Any]) -> tuple[set[str], set[str]]:
-    """(ConfigMap names, Secret names) a pod spec references."""
-    configmaps: set[str] = set()
-    secrets: set[str] = set()
-    for volume in spec.get("volumes") or []:
-        if volume.get("configMap", {}).get("name"):
-            configmaps.add(volume["configMap"]["name"])
-        if volume.get("secret", {}).get("secretName"):
-            secrets.add(volume["secret"]["secretName"])
-        for source in (volume.get("projected") or {}).get("sources") or []:
-            if source.get("configMap", {}).get("name"):
-                configmaps.add(source["configMap"]["name"])
-            if source.get("secret", {}).get("name"):
-                secrets.add(source["secret"]["name"])
-    for group in ("containers", "initContainers"):
-        for container in spec.get(group) or []:
-            for env in container.get("env") or []:
-                ref = env.get("valueFrom") or {}
-                if ref.get("configMapKeyRef", {}).get("name"):
-                    configmaps.add(ref["configMapKeyRef"]["name"])
-                if ref.get("secretKeyRef", {}).get("name"):
-                    secrets.add(ref["secretKeyRef"]["name"])
-            for source in container.get("envFrom") or []:
-                if source.get("configMapRef", {}).get("name"):
-                    configmaps.add(source["configMapRef"]["name"])
-                if source.get("secretRef", {}).get("name"):
-                    secrets.add(source["secretRef"]["name"])
-    for pull in spec.get("imagePullSecrets") or []:
-        if pull.get("name"):
-            secrets.add(pull["name"])
-    return configmaps - SKIPPED_CONFIGMAPS, secrets
-
 
 def _reflected_meta(meta: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
     """Metadata of any reflected copy: the source's name and labels, plus ours."""

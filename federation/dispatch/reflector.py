@@ -23,6 +23,7 @@ from federation.dispatch import forge, reflect
 from federation.members.pods import MemberPods
 from vkprovider import logs
 from vkprovider.kube import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from vkprovider.objects import references
 
 GC_MIN_AGE = 20.0  # seconds a reflected copy lives at least, so none goes before its pod exists
 
@@ -59,7 +60,7 @@ class Reflector:
         front = self._front()
         assert front is not None
         namespace = member_pod["metadata"]["namespace"]
-        configmaps, secrets = reflect.references(member_pod["spec"])
+        configmaps, secrets = references(member_pod["spec"])
         wanted = [("configmaps", n) for n in sorted(configmaps)] + [("secrets", n) for n in sorted(secrets)]
         for plural, name in wanted:
             try:

@@ -1,30 +1,42 @@
 """What dispatch writes in a member cluster: a job's member pods, forged from the front-end
-pods, and its gang object; and, when a gang is rolled back, their deletion.
+pods, and its gang object; their deletion when a front-end pod goes or a gang is rolled back.
 
-Before a member pod is created, its member namespace is made ready (federation.membernamespaces:
-the namespace with its pod-security labels, the service account) and what it refers to is
-copied there (federation.reflector). Each pod's room in the member is held from the create
-until the member's watch reports the pod (federation.reservations), so a placement running
-meanwhile is not offered it again. Deciding where a job goes, and when, is federation.dispatch's.
+Before a member pod is created, its member namespace is made ready (a `NamespaceFence`: the
+provider hands in federation.tenancy.namespaces, which writes the namespace with its
+pod-security labels, the service account and a tenant's RoleBinding and quota) and what it
+refers to is copied there (federation.dispatch.reflector). Each pod's room in the member is held
+from the create until the member's watch reports the pod (federation.capacity.reservations), so
+a placement running meanwhile is not offered it again. Deciding where a job goes, and when, is
+federation.dispatch.dispatcher's.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from federation import jobs, labels, podsecurity
 from federation.capacity.inventory import pod_requests
-from federation.dispatch import forge, placement
+from federation.config import MemberConfig
+from federation.dispatch import forge
+from federation.dispatch.jobstate import Job
 from federation.dispatch.reflector import Reflector
-from federation.jobs import GangSpec, JobRef, role_of
+from federation.jobs import JobRef, role_of
 from federation.members.pods import MemberPods
-from federation.tenancy.namespaces import MemberNamespaces
 from vkprovider.events import EventRecorder
-from vkprovider.kube import AlreadyExists, KubeClient, NotFound
+from vkprovider.kube import AlreadyExists, Conflict, KubeClient, NotFound
 from vkprovider.objects import Pod, pod_key
 from vkprovider.provider import ProviderError
+
+
+class NamespaceFence(Protocol):
+    """Makes a member namespace ready for our pods (`known`: the member's cache of namespaces
+    ready, namespace -> pod-security level)."""
+
+    async def ensure(
+        self, member: str, config: MemberConfig, client: KubeClient, namespace: str, known: dict[str, str] | None
+    ) -> None: ...
 
 
 class MemberWriter:
@@ -36,6 +48,7 @@ class MemberWriter:
         front: Callable[[], KubeClient | None],
         events: Callable[[], EventRecorder | None],
         notify: Callable[[str], None],
+        namespaces: NamespaceFence,
     ) -> None:
         self.instance = instance
         self._members = members  # name -> provider Member (config + pods watcher)
@@ -43,7 +56,7 @@ class MemberWriter:
         self._notify = notify
         #: Copies of what member pods refer to, and their garbage collection.
         self.reflector = Reflector(instance=instance, members=members, front=front)
-        self.namespaces = MemberNamespaces()
+        self.namespaces = namespaces
         #: The pod-security level each pod needs, worked out once per pod.
         self.needs = podsecurity.NeededLevels()
 
@@ -53,19 +66,9 @@ class MemberWriter:
         known = pods.namespaces if pods is not None else None
         await self.namespaces.ensure(member, entry.config, client, namespace, known)
 
-    async def create_pod(
-        self,
-        pod: Pod,
-        member: str,
-        *,
-        job: JobRef,
-        gang: GangSpec,
-        place: placement.Placement | None,
-        role: str,
-        in_gang: bool,
-    ) -> None:
-        """The member pod of `pod`, in the gang `gang` (the member's view of the job's) when
-        `in_gang`; nothing when it exists already (created before a restart)."""
+    async def create_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool) -> None:
+        """The member pod of `pod`, in the member's view of the job's gang when `in_gang`;
+        nothing when it exists already (created before a restart)."""
         entry = self._members()[member]
         pods: MemberPods = entry.pods
         if pods.client is None:
@@ -82,8 +85,8 @@ class MemberWriter:
             )
         body = forge.to_member(
             pod,
-            job=job,
-            gang=gang,
+            job=job.ref,
+            gang=job.member_gang,
             role=role_of(pod),  # type: ignore[arg-type]
             member=member,
             instance=self.instance,
@@ -92,10 +95,10 @@ class MemberWriter:
             scheduler_name=config.scheduler_name,
             service_account=config.service_account,
             colocation=config.capacity.model == "colocation",
-            placement=place,
+            placement=job.place,
             network_pod_label=config.network_pod_label,
             in_gang=in_gang,
-            gang_role=role,
+            gang_role=job.role,
         )
         namespace = body["metadata"]["namespace"]
         await self._ensure_namespace(member, pods.client, namespace)
@@ -120,24 +123,22 @@ class MemberWriter:
             raise
         pods.created(created)
 
-    async def create_gang(
-        self, job: JobRef, gang: GangSpec, member: str, *, place: placement.Placement | None, role: str
-    ) -> None:
+    async def create_gang(self, job: Job, member: str) -> None:
         """The member's gang object for the job (kept if it exists)."""
         entry = self._members()[member]
         config = entry.config
         client: KubeClient = entry.pods.client
-        namespace = forge.member_namespace(job.namespace, config.namespace_prefix)
+        namespace = forge.member_namespace(job.ref.namespace, config.namespace_prefix)
         await self._ensure_namespace(member, client, namespace)
         body = forge.gang_object(
-            job,
-            gang,
+            job.ref,
+            job.member_gang,
             namespace=namespace,
             gang_api=config.gang_api,
-            placement=place,
+            placement=job.place,
             network_pod_label=config.network_pod_label,
             instance=self.instance,
-            role=role,
+            role=job.role,
         )
         api_version, plural = forge.GANG_PATHS[config.gang_api]
         with contextlib.suppress(AlreadyExists):
@@ -160,3 +161,19 @@ class MemberWriter:
         api_version, plural = forge.GANG_PATHS[config.gang_api]
         with contextlib.suppress(NotFound):
             await client.delete(f"/apis/{api_version}/namespaces/{namespace}/{plural}/{forge.gang_name(job)}")
+
+    async def delete_pod(self, member: str, member_pod: dict[str, Any], *, grace: int | None) -> None:
+        """The member pod of a front-end pod being deleted, with its grace period (its UID as
+        the precondition: a newer pod of the name is not touched)."""
+        entry = self._members().get(member)
+        pods: MemberPods | None = getattr(entry, "pods", None)
+        client = pods.client if pods is not None else None
+        if client is None or pods is None:
+            raise ProviderError(f"member {member} is not connected")
+        meta = member_pod["metadata"]
+        pods.expect_deletion(meta.get("uid", ""))
+        body: dict[str, Any] = {"preconditions": {"uid": meta.get("uid")}}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        with contextlib.suppress(NotFound, Conflict):
+            await client.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", body=body)

@@ -176,9 +176,6 @@ class Member:
             entry["draining"] = True
         return entry
 
-    def pods_index(self) -> MemberPods | None:
-        return self.pods
-
     @property
     def serves_pods(self) -> bool:
         """Our pods there are followed (and their status reported): enabled, or draining."""

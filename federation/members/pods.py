@@ -23,11 +23,11 @@ from cachetools import TTLCache
 from federation import labels
 from federation.capacity.inventory import pod_requests
 from federation.capacity.reservations import Reservations
-from federation.dispatch import reflect
 from federation.members import disruption
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, WriteFence
 from vkprovider.kube.relist import Relist, relist
+from vkprovider.objects import references
 from vkprovider.podstatus import is_terminal
 from vkprovider.podstore import PodStore
 
@@ -114,7 +114,7 @@ class MemberPods:
         assert new is not None
         self._count(new.extra, 1)  # the job label, as the store's index computed it
         if old is None or old.uid != new.uid:  # a pod's volumes and env never change: once per pod
-            cms, secrets = reflect.references(pod.get("spec") or {})
+            cms, secrets = references(pod.get("spec") or {})
             if cms or secrets:
                 self.refs[key] = (pod["metadata"]["namespace"], frozenset(cms), frozenset(secrets))
             else:

@@ -19,9 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from federation.dispatch.dispatcher import Dispatcher
-from federation.streams import logs as memberlogs
-from federation.streams import session as memberstreams
+from federation.streams import session
+from federation.streams.locate import MemberPodIndex, explained, locate
 from federation.streams.session import Activity, StreamLimits
 from vkprovider.provider import ExecStreams, ProviderError
 
@@ -60,7 +59,7 @@ def exit_code(status: dict[str, Any]) -> int:
 
 
 async def run(
-    dispatcher: Dispatcher,
+    index: MemberPodIndex,
     namespace: str,
     name: str,
     container: str,
@@ -70,18 +69,18 @@ async def run(
 ) -> int:
     """Run `command` in the member pod; its exit status."""
     query = stream_query(container, command, streams)
-    return await _open(dispatcher, f"{namespace}/{name}", "exec", query, streams, limits)
+    return await _open(index, f"{namespace}/{name}", "exec", query, streams, limits)
 
 
 async def attach(
-    dispatcher: Dispatcher, namespace: str, name: str, container: str, streams: ExecStreams, limits: StreamLimits
+    index: MemberPodIndex, namespace: str, name: str, container: str, streams: ExecStreams, limits: StreamLimits
 ) -> None:
     """Attach to the member pod's container until either side ends."""
-    await _open(dispatcher, f"{namespace}/{name}", "attach", stream_query(container, [], streams), streams, limits)
+    await _open(index, f"{namespace}/{name}", "attach", stream_query(container, [], streams), streams, limits)
 
 
 async def _open(
-    dispatcher: Dispatcher,
+    index: MemberPodIndex,
     key: str,
     subresource: str,
     query: list[tuple[str, str]],
@@ -89,10 +88,10 @@ async def _open(
     limits: StreamLimits,
 ) -> int:
     doing = "run a command" if subresource == "exec" else "attach"
-    member, pod_path, client = memberlogs.locate(dispatcher, key, doing)
-    with memberlogs.explained(member, key, subresource, doing):
+    member, pod_path, client = locate(index, key, doing)
+    with explained(member, key, subresource, doing):
         async with (
-            memberstreams.total_limit(limits),
+            session.total_limit(limits),
             client.websocket(f"{pod_path}/{subresource}", query=query, protocols=(V5, V4)) as ws,
         ):
             return await _bridge(ws, streams, key, limits)
@@ -137,7 +136,7 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key
         tasks.append(asyncio.create_task(pump_resizes(), name=f"exec-resize {key}"))
     status = b""
     try:
-        async for channel, data in memberstreams.channels(ws, limits, activity):
+        async for channel, data in session.channels(ws, limits, activity):
             if channel == STDOUT and streams.stdout is not None:
                 await streams.stdout.write(data)
             elif channel == STDERR and streams.stderr is not None:

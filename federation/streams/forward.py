@@ -15,9 +15,8 @@ import contextlib
 
 import aiohttp
 
-from federation.dispatch.dispatcher import Dispatcher
-from federation.streams import logs as memberlogs
-from federation.streams import session as memberstreams
+from federation.streams import session
+from federation.streams.locate import MemberPodIndex, explained, locate
 from federation.streams.session import Activity, StreamLimits
 from vkprovider.provider import ByteStream, ProviderError
 
@@ -27,13 +26,13 @@ CHUNK = 32 * 1024
 
 
 async def forward(
-    dispatcher: Dispatcher, namespace: str, name: str, port: int, stream: ByteStream, limits: StreamLimits
+    index: MemberPodIndex, namespace: str, name: str, port: int, stream: ByteStream, limits: StreamLimits
 ) -> None:
     key = f"{namespace}/{name}"
-    member, pod_path, client = memberlogs.locate(dispatcher, key, "forward a port")
-    with memberlogs.explained(member, key, "portforward", f"forward port {port}"):
+    member, pod_path, client = locate(index, key, "forward a port")
+    with explained(member, key, "portforward", f"forward port {port}"):
         async with (
-            memberstreams.total_limit(limits),
+            session.total_limit(limits),
             client.websocket(f"{pod_path}/portforward", query=[("ports", str(port))], protocols=(PROTOCOL,)) as ws,
         ):
             error = await _bridge(ws, stream, key, limits)
@@ -55,7 +54,7 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, stream: ByteStream, key: 
     prefixed = {DATA: False, ERROR: False}
     error = b""
     try:
-        async for channel, message in memberstreams.channels(ws, limits, activity):
+        async for channel, message in session.channels(ws, limits, activity):
             data = message
             if channel in prefixed and not prefixed[channel]:
                 prefixed[channel] = True

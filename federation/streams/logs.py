@@ -11,13 +11,10 @@ apiserver passes a kubelet's text on to kubectl for a 5xx, but turns a 404 into 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator
 
-from federation.dispatch.dispatcher import Dispatcher
-from vkprovider.kube import ApiError, Forbidden, KubeClient, NotFound
-from vkprovider.provider import LogOptions, ProviderError
+from federation.streams.locate import MemberPodIndex, explained, locate
+from vkprovider.provider import LogOptions
 
 
 def log_params(container: str, options: LogOptions) -> dict[str, str | int | bool | None]:
@@ -40,48 +37,11 @@ def log_params(container: str, options: LogOptions) -> dict[str, str | int | boo
     return params
 
 
-def _gone_message(key: str, dispatcher: Dispatcher) -> str:
-    tomb = dispatcher.tombstone(key)
-    if tomb is None:
-        return f"pod {key} has no pod in any member"
-    _, why = tomb
-    return f"the member pod of {key} is gone ({why.cause}: {why.message}); its log went with it"
-
-
-def locate(dispatcher: Dispatcher, key: str, doing: str) -> tuple[str, str, KubeClient]:
-    """(member, the member pod's path, a client of the member) for the front-end pod `key`;
-    ProviderError saying why `doing` cannot be done now (shared with federation.memberexec)."""
-    found = dispatcher.member_pod(key)
-    if found is None:
-        raise ProviderError(_gone_message(key, dispatcher))
-    member, member_pod = found
-    pods = dispatcher.pods_in(member)
-    client = pods.client if pods is not None else None
-    if client is None:
-        raise ProviderError(f"member {member} is not connected; cannot {doing} for {key} now")
-    meta: dict[str, Any] = member_pod["metadata"]
-    return member, f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", client
-
-
-@contextlib.contextmanager
-def explained(member: str, key: str, subresource: str, doing: str) -> Iterator[None]:
-    """The member's refusals as ProviderErrors that say which side failed (shared with
-    federation.memberexec and federation.memberforward)."""
-    try:
-        yield
-    except Forbidden as exc:
-        raise ProviderError(f"member {member} refuses pods/{subresource} to this provider: {exc}") from exc
-    except NotFound as exc:
-        raise ProviderError(f"the member pod of {key} in {member} is gone: {exc}") from exc
-    except ApiError as exc:
-        raise ProviderError(f"member {member}: cannot {doing} for {key}: {exc}") from exc
-
-
 async def stream(
-    dispatcher: Dispatcher, namespace: str, name: str, container: str, options: LogOptions
+    index: MemberPodIndex, namespace: str, name: str, container: str, options: LogOptions
 ) -> AsyncIterator[bytes]:
     key = f"{namespace}/{name}"
-    member, pod_path, client = locate(dispatcher, key, "read the log")
+    member, pod_path, client = locate(index, key, "read the log")
     with explained(member, key, "log", "read the log"):
         async for chunk in client.stream(f"{pod_path}/log", params=log_params(container, options), opened=True):
             yield chunk

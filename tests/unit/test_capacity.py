@@ -11,7 +11,8 @@ import pytest
 
 from federation.capacity import quantities
 from federation.capacity.inventory import Inventory, pod_requests
-from federation.capacity.summary import CapacityPolicy, Damper, TimeWindow, summarize
+from federation.capacity.nodes import Damper
+from federation.capacity.summary import CapacityPolicy, TimeWindow, summarize
 
 GI = 2**30
 

@@ -20,6 +20,7 @@ from federation.dispatch import forge
 from federation.dispatch.dispatcher import Dispatcher
 from federation.jobs import JobRef
 from federation.members.pods import MemberPods
+from federation.tenancy.namespaces import MemberNamespaces
 from tests.unit.fakeapi import FakeApi
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -68,6 +69,7 @@ class World:
         capacity = MemberCapacity(name="m1", nodes=[node])
         dispatcher = Dispatcher(
             instance=VIRTUAL,
+            namespaces=MemberNamespaces(),
             members=lambda: {"m1": member},
             capacities=lambda: {"m1": capacity},
             notify=lambda key: None,
@@ -109,7 +111,7 @@ async def test_a_split_gang_sends_its_virtual_part_as_a_gang_of_that_size_and_su
     first = world.dispatcher()
     await first.create(front_pod("v0"))
     assert world.member_pods() == {}  # 2 native + 1 virtual of 4: waits
-    waiting = first.status(f"{NS}/v0")[1]
+    waiting = first.reports.status(f"{NS}/v0")[1]
     assert waiting is not None
     assert waiting.get("message", "").startswith("3 of 4 pods of the gang are bound (2 on native nodes)")
     await first.create(front_pod("v1"))

@@ -17,6 +17,7 @@ from federation.config import MemberConfig
 from federation.dispatch.dispatcher import Dispatcher
 from federation.labels import MANAGED
 from federation.members.pods import MemberPods
+from federation.tenancy.namespaces import MemberNamespaces
 from tests.unit.fakeapi import FakeApi
 from vkprovider.metrics import Metrics
 from vkprovider.pods import PodController
@@ -74,6 +75,7 @@ class World:
             members=lambda: self.members,
             capacities=lambda: {n: MemberCapacity(name=n, nodes=[node]) for n in self.apis},
             notify=lambda key: None,
+            namespaces=MemberNamespaces(),
         )
         self.dispatcher.front = self.front  # type: ignore[assignment]
 
@@ -91,7 +93,7 @@ async def test_a_pod_no_member_admits_is_refused_before_any_member_sees_it() -> 
     assert world.placed() == {"m1": [], "m2": []}
     assert not any(api.creates for api in world.apis.values()), "a member was written to"
     assert world.dispatcher.jobs == {} and world.dispatcher.job_of_pod == {}
-    assert world.dispatcher.status(f"{NS}/h") == (None, None)
+    assert world.dispatcher.reports.status(f"{NS}/h") == (None, None)
 
 
 async def test_placement_skips_members_whose_level_refuses_the_pod() -> None:

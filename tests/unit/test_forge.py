@@ -10,6 +10,7 @@ from federation import jobs, labels
 from federation.dispatch import forge, reflect
 from federation.dispatch.placement import Placement
 from federation.jobs import GangSpec, JobRef
+from vkprovider.objects import references
 
 JOB = JobRef("team-a", "native", "train")
 
@@ -169,7 +170,7 @@ def test_references_of_a_pod() -> None:
     spec["containers"][0]["envFrom"] = [{"secretRef": {"name": "token"}}]
     spec["imagePullSecrets"] = [{"name": "registry"}]
     spec["volumes"].append({"name": "root", "configMap": {"name": "kube-root-ca.crt"}})
-    configmaps, secrets = reflect.references(spec)
+    configmaps, secrets = references(spec)
     assert configmaps == {"settings"} and secrets == {"token", "registry"}
     services = [
         {"spec": {"clusterIP": "None", "selector": {"app": "train"}}},

@@ -481,21 +481,21 @@ async def test_a_configured_member_whose_kubeconfig_cannot_be_used_reports_it_an
     path.write_text(yaml.safe_dump(doc))
     config = FederationConfig(members=[MemberConfig(name="member-1", kubeconfig=path)], member_objects=False)
     provider = FederationProvider(config, node_name="vk")
-    provider.kubeconfig_retry = 0.05
-    provider.add_configured_member(config.members[0])
+    provider.fleet.kubeconfig_retry = 0.05
+    provider.fleet.add_configured_member(config.members[0])
     try:
-        member = provider.members["member-1"]
+        member = provider.fleet.members["member-1"]
         assert isinstance(member.source, UnusableSource) and member.pods is None
         view = provider.view()["members"]["member-1"]
         assert view["lastError"] == "member member-1: kubeconfig has no context named 'gone'"
         doc["current-context"] = "m1"
         path.write_text(yaml.safe_dump(doc))  # fixed: the member starts
-        await _until(lambda: isinstance(provider.members["member-1"].source, DirectSource))
-        assert provider.members["member-1"].pods is not None
+        await _until(lambda: isinstance(provider.fleet.members["member-1"].source, DirectSource))
+        assert provider.fleet.members["member-1"].pods is not None
     finally:
-        tasks = [t for m in provider.members.values() for t in (m.task, m.pods_task) if t is not None]
-        for name in list(provider.members):
-            provider.remove_member(name, quiet=True)
+        tasks = [t for m in provider.fleet.members.values() for t in (m.task, m.pods_task) if t is not None]
+        for name in list(provider.fleet.members):
+            provider.fleet.remove_member(name, quiet=True)
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
@@ -536,8 +536,8 @@ async def test_a_member_object_whose_kubeconfig_cannot_be_used_says_why(kubeconf
         "metadata": {"name": "member-1"},
         "spec": {"kubeconfigSecretRef": {"namespace": "vk", "name": "m1", "key": "kubeconfig"}},
     }
-    await MemberObjects(provider, front, selector="", node="vk").apply(obj)  # type: ignore[arg-type]
-    assert "member-1" not in provider.members
+    await MemberObjects(provider.fleet, front, selector="", node="vk").apply(obj)  # type: ignore[arg-type]
+    assert "member-1" not in provider.fleet.members
     [condition] = front.statuses[-1]["conditions"]
     assert (condition["type"], condition["status"], condition["reason"]) == ("Ready", "False", "InvalidSpec")
     assert condition["message"].startswith(reason)

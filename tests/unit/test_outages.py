@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from federation import labels
-from federation.members import outages
+from federation.members import orphans, outages
 from vkprovider import podstatus
 from vkprovider.podstore import PodStore
 
@@ -71,7 +71,7 @@ def test_candidates_are_member_pods_without_a_live_front_end_pod_of_their_uid() 
         member_pod("deleting", "u5", deleting=True),
     ]
     live = {"ns/kept": "u1", "ns/replaced": "other"}
-    found = [p for p in pods if outages.is_candidate(p, live, now=NOW)]
+    found = [p for p in pods if orphans.is_candidate(p, live, now=NOW)]
     assert [p["metadata"]["name"] for p in found] == ["gone", "replaced"]
 
 
@@ -96,7 +96,7 @@ def front(uid: str, phase: str = "Running", *, deleting: bool = False) -> dict[s
     ],
 )
 def test_verdict(member_phase: str, front_pod: dict[str, Any] | None, why: str | None) -> None:
-    assert outages.verdict(member_pod("p", "u1", phase=member_phase), front_pod) == why
+    assert orphans.verdict(member_pod("p", "u1", phase=member_phase), front_pod) == why
 
 
 def test_provider_conditions_under_our_domain_come_and_go_with_the_provider() -> None:
@@ -127,7 +127,7 @@ def test_follow_keeps_the_moment_the_member_stopped_answering() -> None:
 
 
 async def test_the_orphan_check_reads_live_pods_from_the_runtime_cache_once_it_is_complete() -> None:
-    reconciler = outages.OrphanReconciler(members=dict, node_of=str, interval=60.0)
+    reconciler = orphans.OrphanReconciler(members=dict, node_of=str, interval=60.0)
     cache: PodStore[Any] = PodStore()
     listed = asyncio.Event()
     live = asyncio.create_task(reconciler._live(), name="test/live")
