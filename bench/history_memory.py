@@ -1,4 +1,4 @@
-"""Benchmark: the memory of the capacity history (federation.tide) at the scale of issue 13:
+"""Benchmark: the memory of the capacity history (federation.view.tide) at the scale of issue 13:
 3 members x 2,000 nodes, each member with 4 GPU models. The history keeps sums per member and
 resource, never per node, so nodes cost it nothing; what grows it is members x resources x
 slots. The default tiers (24 h at 10 s, 14 days at 5 min) allocate their buffers whole when a

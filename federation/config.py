@@ -91,7 +91,7 @@ class TenantAccount(_Model):
 
 class TenancyConfig(_Model):
     """Set by `vkprovider onboard`: the provider reaches the member as one tenant among others
-    (federation.tenancy) and must give itself its rights in each namespace it creates."""
+    (federation.tenancy.policy) and must give itself its rights in each namespace it creates."""
 
     tenant: str = Field(description="The tenant's name; its member namespaces carry vkprovider.io/tenant.")
     cluster_role: str = Field(alias="clusterRole", description="ClusterRole bound in each tenant namespace.")
@@ -129,7 +129,7 @@ class MemberConfig(_Model):
 
 
 class HistoryConfig(_Model):
-    """The capacity history and the lent/used statistics (federation.tide). Memory is
+    """The capacity history and the lent/used statistics (federation.view.tide). Memory is
     series x slots x 4 bytes: 12 series a member at the defaults, 0.6 MB a member."""
 
     tiers: list[tuple[float, int]] = Field(
@@ -141,7 +141,7 @@ class HistoryConfig(_Model):
 
 
 class StreamingConfig(_Model):
-    """Sessions of kubectl exec, attach and port-forward carried to members (federation.memberstreams)."""
+    """Sessions of kubectl exec, attach and port-forward carried to members (federation.streams.session)."""
 
     idle_timeout: float = Field(
         14400.0,
@@ -153,7 +153,7 @@ class StreamingConfig(_Model):
 
 
 class RoutingConfig(_Model):
-    """The routing webhook (federation.routing, federation.webhook)."""
+    """The routing webhook (federation.dispatch.routing, federation.dispatch.webhook)."""
 
     enabled: bool = Field(False, description="Serve and register the mutating webhook that routes pods by band.")
     port: int = Field(9443, description="HTTPS port of the webhook.")

@@ -2,15 +2,16 @@
 
 One pooled node for all members, or one node per member (`virtual_nodes: per-member`). A
 node's capacity = allocatable = what its reachable members can lend plus what our pods
-already use there (their summaries, federation.capacity), damped against noise; its labels
+already use there (their summaries, federation.capacity.summary), damped against noise; its labels
 name the GPU models behind it (and, per member, the member); its capacity-shapes annotation
 carries each member's shapes (largest pod per node, GPUs per model, free capacity per network
 pod and NUMA zone), which the front-end scheduler cannot see but users and the dashboard read;
 its MembersReachable condition names the members whose capacity is withdrawn. The node stays
 Ready while a member is away: pods on the others keep running.
 
-Kept apart from the provider (federation.provider), which owns the members and when to
-publish: this module holds what was published last and tells the runtime which nodes changed.
+Kept apart from the members (federation.members.fleet) and from when to publish (the
+provider's publish loop): this module holds what was published last and tells the runtime
+which nodes changed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ included: the member allows `allowed` = min(multiplier x the nodes' budgets, cap
 node's budget is what it could lend if none of our pods ran there; what is lendable on top is
 allowed minus what our pods hold. When our pods hold more than is allowed (online load grew
 into the reserve, a window closed, a cap fell), reclaim gives the difference back
-(federation.planner). Our own pods count as used capacity, never as online load: the virtual
+(federation.reclaim.planner). Our own pods count as used capacity, never as online load: the virtual
 node's allocatable is what is lendable plus what our pods already use.
 """
 

@@ -227,7 +227,7 @@ STATUS_FIELDS = (
     "podIPs",
     "startTime",
 )
-#: DisruptionTarget is not mapped here: federation.disruption writes it with the terminal phase.
+#: DisruptionTarget is not mapped here: federation.members.disruption writes it with the terminal phase.
 OWN_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
 
 

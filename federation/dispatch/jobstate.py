@@ -1,7 +1,7 @@
 """A dispatched job's state (`Job`), and what each of its front-end pods reports from it and
 from its member pod (`reported_status`, pure).
 
-Apart from federation.dispatch, which changes the state: the report is a translation, read by
+Apart from federation.dispatch.dispatcher, which changes the state: the report is a translation, read by
 the runtime for every status sync, and is tested without a dispatcher, a member or a lab.
 """
 

@@ -1,5 +1,5 @@
 """The front end's pods on native nodes, per namespace, for counting a job's floor
-(federation.hybrid holds the rules; this module the list behind them).
+(federation.dispatch.hybrid holds the rules; this module the list behind them).
 
 One list per namespace and second at most, however many jobs dispatch there: the apiserver
 filters out pods bound to our nodes, unbound ones and ended ones. A caller about to decide what

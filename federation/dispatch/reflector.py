@@ -6,7 +6,7 @@ the front end into their member namespaces.
 - Every few seconds (`run`), copies no pod of ours refers to any more are deleted and the rest
   refreshed from their sources. What the pods refer to comes from `MemberPods.refs`: no member
   pod is decoded for it. Copies younger than GC_MIN_AGE stay, so none goes before its pod exists.
-The pure parts (which objects, what a copy holds) are in federation.reflect.
+The pure parts (which objects, what a copy holds) are in federation.dispatch.reflect.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The routing webhook: a mutating admission webhook served by the provider (federation.routing).
+"""The routing webhook: a mutating admission webhook served by the provider (federation.dispatch.routing).
 
 It listens on its own HTTPS port with a certificate from a CA it makes at start-up, and
 registers itself: a MutatingWebhookConfiguration whose caBundle is that CA and whose URL is the

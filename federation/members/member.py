@@ -1,7 +1,7 @@
 """A member as the federation provider holds it: where its capacity comes from (direct watches,
 its capacity agent, or nothing while its kubeconfig cannot be used), our pods there, and where
-it stands (reachable, in an outage, draining). The provider owns the set (federation.provider);
-MemberCluster objects change it at run time (federation.memberobjects).
+it stands (reachable, in an outage, draining). The set is federation.members.fleet's;
+MemberCluster objects change it at run time (federation.members.objects).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """MemberCluster objects in the front end: members added, changed, disabled and removed while the
 provider runs, and each object's status written back (reachable, ready, what it lends).
 
-The provider owns the set of members (federation.provider); this module reads the objects,
-decides what each change means for a member (`change`, pure), and asks the provider to do it
+The fleet owns the set of members (federation.members.fleet); this module reads the objects,
+decides what each change means for a member (`change`, pure), and asks the fleet to do it
 through `MemberSet`. A member that still runs our pods is disabled or removed by draining it
 (reclaim notices first), not at once.
 """

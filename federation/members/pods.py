@@ -191,7 +191,7 @@ class MemberPods:
         return found.get(labels.MANAGED) == "true" and found.get(labels.INSTANCE) == self.instance
 
     # The feed: our pods as listed and watched, by our own watch or by the member's capacity
-    # watch (federation.watch), which sees every pod anyway: one watch of the member's pods
+    # watch (federation.members.watch), which sees every pod anyway: one watch of the member's pods
     # then serves both, and each event is decoded once.
 
     def relist(self) -> Relist:

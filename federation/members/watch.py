@@ -1,7 +1,7 @@
 """Direct mode: one member's nodes, bound live pods and NodeResourceTopology objects, listed and
 watched into a compact Inventory.
 
-Only what capacity needs is kept (`federation.inventory`); pods are watched with a field
+Only what capacity needs is kept (`federation.capacity.inventory`); pods are watched with a field
 selector that leaves out finished ones. Watch expiry (410) relists, failures reconnect with
 backoff, and `last_contact` tells how long ago the member last answered.
 
@@ -31,7 +31,7 @@ LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class PodFeed(Protocol):
-    """Where our own member pods go (federation.memberpods.MemberPods)."""
+    """Where our own member pods go (federation.members.pods.MemberPods)."""
 
     def ours(self, pod: dict[str, Any]) -> bool: ...
 

@@ -3,7 +3,7 @@
 The chart's pre-delete hook runs it while the provider still runs, so our pods leave through the
 reclaim path as they would for online load (checkpoint notice, then graceful deletion):
 
-1. every MemberCluster is disabled: the provider drains it (federation.provider) and the
+1. every MemberCluster is disabled: the provider drains it (federation.members.fleet) and the
    front-end pods end Failed, reason Reclaimed, with their Events;
 2. it waits until no member holds a pod of this instance;
 3. reflected ConfigMaps, Secrets and Services of this instance are deleted in every member;
@@ -77,7 +77,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
                 with contextlib.suppress(ApiError, ValueError):
                     clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
             selector = {"labelSelector": f"{labels.MANAGED}=true,{labels.INSTANCE}={instance}"}
-            # A tenant's credential cannot list Secrets across the member (federation.tenancy):
+            # A tenant's credential cannot list Secrets across the member (federation.tenancy.policy):
             # its reflected objects are looked for in the namespaces its pods use now.
             scoped: dict[str, set[str]] = {}
             for obj in objects:

@@ -5,7 +5,7 @@ front-end data stream.
 The member speaks two channels per port: 0 carries the data, 1 the error text. It opens each
 channel with the port as two little-endian bytes, which are not data. A WebSocket cannot be
 half-closed, so when kubectl stops sending we stop too and keep relaying the reply until the
-member closes (the target closed its end). Back-pressure holds as in federation.memberexec.
+member closes (the target closed its end). Back-pressure holds as in federation.streams.exec.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Member namespaces ready for our pods: the offline PriorityClasses, the namespace with its Pod
-Security labels, its service account, and for a tenant (federation.tenancy) the RoleBinding
+Security labels, its service account, and for a tenant (federation.tenancy.policy) the RoleBinding
 that gives the provider its rights there and the tenant's quota, in that order.
 
 Done once per member namespace and level; `known` (the member's cache, namespace -> level)
@@ -89,7 +89,7 @@ class MemberNamespaces:
         client: KubeClient, namespace: str, tenancy: TenancyConfig, level: podsecurity.Level
     ) -> None:
         """A tenant's provider has no rights in a namespace until it binds its role there
-        (federation.tenancy): namespace first, then the RoleBinding (the quota follows once the
+        (federation.tenancy.policy): namespace first, then the RoleBinding (the quota follows once the
         binding is in effect)."""
         wanted = {labels.MANAGED: "true", policy.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
         try:

@@ -1,7 +1,7 @@
 """`vkprovider onboard` and `vkprovider offboard`: join a tenant's offline cluster to one member
 cluster, and take it away, with the member's and the front end's admin kubeconfigs.
 
-Onboarding creates in the member what `federation.tenancy` describes (home namespace, account,
+Onboarding creates in the member what `federation.tenancy.policy` describes (home namespace, account,
 roles, admission policy, the offline PriorityClasses) and a token of that account bound to a
 Secret there; in the front end, a kubeconfig Secret and the MemberCluster the tenant's provider
 picks up. Every object carries `vkprovider.io/tenant`, so offboarding finds them all.

@@ -1,5 +1,5 @@
 """What a tenant is in a member cluster: the objects onboarding creates there, and the rules
-that keep one tenant's provider inside its own namespaces. Pure; `federation.onboard` applies
+that keep one tenant's provider inside its own namespaces. Pure; `federation.tenancy.onboard` applies
 them.
 
 A tenant (a team with its own offline cluster) reaches a member with one ServiceAccount. What

@@ -1,1 +1,10 @@
-"""view."""
+"""What people read of the provider: a reader of its state, never part of it.
+
+- history (pure): capacity over time in bounded ring buffers at a few resolutions;
+- tide: the history fed from the member summaries, lent and used core- and GPU-seconds, and
+  the gauges of the present moment (Prometheus collectors);
+- page: the dashboard, one self-contained page (dashboard/index.html).
+
+May import: federation.capacity and the shared modules. Must not import: members,
+dispatch, reclaim, tenancy, streams or agent; what it shows of them is handed in as callables.
+"""

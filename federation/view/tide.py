@@ -1,7 +1,7 @@
 """The tide (issue 13): what each member lent and what offline work used, over time. Fed with
 the member summaries each time the provider recomputes them (at least once a second), it keeps
 
-  - the capacity history (federation.history): lendable, used by our pods and online load, per
+  - the capacity history (federation.view.history): lendable, used by our pods and online load, per
     member and resource (cpu in cores, memory in bytes, GPUs per model);
   - lent and used core-seconds and GPU-seconds per member (and GPU model), integrated exactly
     for values that hold between two recomputations (a change is seen at the next one, and the

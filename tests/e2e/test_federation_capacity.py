@@ -32,7 +32,7 @@ RESERVE = 0.10
 #: The settings federation_vk gives the provider, and the intervals they imply.
 UNREACHABLE_GRACE = 8.0
 PUBLISH_INTERVAL = 0.2
-HEALTH_INTERVAL = 2.0  # federation.watch: the member's /readyz probe
+HEALTH_INTERVAL = 2.0  # federation.members.watch: the member's /readyz probe
 NODE_STATUS_MIN_INTERVAL = 0.5  # vkprovider.settings: node.status_min_interval
 #: Slack on every wall-clock bound: what a loaded 2-core machine adds to a few apiserver round
 #: trips. Bounds are there to catch a missing mechanism, not to measure speed (bench/ does).

@@ -1,5 +1,5 @@
-"""Hybrid jobs (pure): gang accounting across native and virtual nodes (federation.hybrid) and
-routing by band at admission (federation.routing, federation.webhook.review)."""
+"""Hybrid jobs (pure): gang accounting across native and virtual nodes (federation.dispatch.hybrid) and
+routing by band at admission (federation.dispatch.routing, federation.dispatch.webhook.review)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a dispatched job's front-end pod reports (federation.jobstate.reported_status), case by
+"""What a dispatched job's front-end pod reports (federation.dispatch.jobstate.reported_status), case by
 case: pure, no dispatcher or apiserver. The same cases run end to end in tests/e2e/test_dispatch.py,
 test_outages.py and test_reclaim.py."""
 

@@ -1,4 +1,4 @@
-"""What a MemberCluster object's new state means for its member (federation.memberobjects.change),
+"""What a MemberCluster object's new state means for its member (federation.members.objects.change),
 and that MemberObjects asks the provider for exactly that. Pure logic: the provider is a
 recording stand-in; the real watch is in tests/e2e/test_federation_capacity.py and
 test_reclaim.py (members added, changed, disabled and removed at run time)."""

@@ -1,4 +1,4 @@
-"""The two clocks of a member outage and the orphan rules (federation.outages), and the runtime's
+"""The two clocks of a member outage and the orphan rules (federation.members.outages), and the runtime's
 handling of provider conditions under vkprovider.io/ (pure)."""
 
 from __future__ import annotations

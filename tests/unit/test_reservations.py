@@ -1,4 +1,4 @@
-"""Room a member's capacity summary does not count yet (federation.reservations)."""
+"""Room a member's capacity summary does not count yet (federation.capacity.reservations)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One watch of a member's pods serving capacity and dispatch (federation.watch.SharedPods):
+"""One watch of a member's pods serving capacity and dispatch (federation.members.watch.SharedPods):
 live pods reach the inventory, ours (finished ones too) the dispatcher's feed."""
 
 from __future__ import annotations
