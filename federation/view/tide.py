@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -245,27 +244,3 @@ class FleetMetrics(Collector):
         for state, count in sorted(self._jobs().items()):
             jobs.add_metric([state], count)
         yield from (reachable, lendable, used, jobs)
-
-
-GANG_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
-
-
-@dataclass
-class GangMetrics:
-    """How long gangs wait at the front end and how long members take to bind them."""
-
-    registry: CollectorRegistry
-
-    def __post_init__(self) -> None:
-        self.wait = Histogram(
-            "vkprovider_gang_wait_seconds",
-            "From a gang complete at the front end to its leaving for a member (waiting for capacity).",
-            buckets=GANG_BUCKETS,
-            registry=self.registry,
-        )
-        self.bind = Histogram(
-            "vkprovider_gang_bind_seconds",
-            "From a gang's dispatch to its minimum bound by the member's scheduler.",
-            buckets=GANG_BUCKETS,
-            registry=self.registry,
-        )
