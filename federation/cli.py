@@ -37,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
 async def _agent(args: argparse.Namespace) -> None:
     access = load_kubeconfig(args.kubeconfig)
     watcher = MemberWatcher(
-        args.member or access.name, access, on_change=lambda: None, network_pod_label=args.network_pod_label
+        args.member or access.name,
+        access,
+        on_change=lambda: None,
+        network_pod_label=args.network_pod_label,
+        track_owners=True,
     )
     tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert and args.tls_key else None
     task = asyncio.create_task(serve(watcher, listen=args.listen, tls=tls, heartbeat=args.heartbeat), name="agent")

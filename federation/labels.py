@@ -4,11 +4,16 @@ imports another's module for a name."""
 
 from __future__ import annotations
 
-#: On every pod we create in a member: marks it as ours (offloaded), not online load.
+from collections.abc import Mapping
+
+#: On every object we create in a member: marks it as offloaded work, not online load.
 MANAGED = "vkprovider.io/managed"
 #: Which provider instance (its virtual node's name) made an object in a member; also the label
 #: of that instance's virtual nodes, which the routing webhook selects.
 INSTANCE = "vkprovider.io/instance"
+#: Which front end made an object in a member: the UID of its kube-system namespace. Two offline
+#: clusters may both name their node vk-pool; with this label neither takes the other's pods.
+FRONT_END = "vkprovider.io/front-end"
 #: On member pods (federation.dispatch.forge writes them): the front-end pod each one runs.
 ORIGIN_UID = "vkprovider.io/origin-uid"
 ORIGIN_NAMESPACE = "vkprovider.io/origin-namespace"
@@ -49,3 +54,45 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 #: MemberCluster objects in the front end (federation/crds/memberclusters.yaml).
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
+
+
+class Owner:
+    """Who made an object in a member: one provider instance of one front end. The instance is
+    known from the settings, the front end once the provider reaches it (`identify`); objects
+    are made only after that, and carry both."""
+
+    def __init__(self, instance: str, front_end: str = "") -> None:
+        self.instance = instance
+        self.front_end = front_end
+
+    def identify(self, front_end: str) -> None:
+        self.front_end = front_end
+
+    def labels(self) -> dict[str, str]:
+        """The labels every object we make in a member carries (and our watches select)."""
+        out = {MANAGED: "true", INSTANCE: self.instance}
+        if self.front_end:
+            out[FRONT_END] = self.front_end
+        return out
+
+    def selector(self, extra: Mapping[str, str] | None = None) -> str:
+        """A label selector of our objects, narrowed by `extra` (label key -> value)."""
+        return ",".join(f"{k}={v}" for k, v in {**self.labels(), **(extra or {})}.items())
+
+    def owns(self, object_labels: Mapping[str, str]) -> bool:
+        return all(object_labels.get(k) == v for k, v in self.labels().items())
+
+    @property
+    def key(self) -> str:
+        """The owner as one string, as `owner_key` reads it off an object."""
+        return f"{self.front_end}/{self.instance}"
+
+    def __repr__(self) -> str:
+        return f"Owner({self.instance!r}, {self.front_end!r})"
+
+
+def owner_key(object_labels: Mapping[str, str]) -> str | None:
+    """The key of whoever made an object (None: not made by any provider, online work)."""
+    if object_labels.get(MANAGED) != "true":
+        return None
+    return f"{object_labels.get(FRONT_END, '')}/{object_labels.get(INSTANCE, '')}"

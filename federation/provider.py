@@ -34,7 +34,7 @@ from federation.dispatch.webhook import RoutingWebhook
 from federation.members.announcer import Announcer
 from federation.members.fleet import Fleet, SourceFactory
 from federation.members.member import CapacitySource, DirectSource, Member
-from federation.members.objects import MemberObjects
+from federation.members.objects import MemberObjects, front_end_uid
 from federation.members.orphans import OrphanReconciler
 from federation.members.outages import Outage
 from federation.members.pods import MemberPods
@@ -68,6 +68,8 @@ class FederationProvider:
     ) -> None:
         self.config = config
         self.node_name = node_name
+        #: Whose objects in the members are ours: this node's name, of this front end (learnt in run).
+        self.owner = labels.Owner(node_name)
         self._client: KubeClient | None = None
         self._events: EventRecorder | None = None
         self._objects: MemberObjects | None = None  # from run(), if MemberCluster objects are followed
@@ -88,7 +90,7 @@ class FederationProvider:
             damping_hold=config.damping_hold,
         )
         self.dispatcher = Dispatcher(
-            instance=node_name,
+            owner=self.owner,
             members=self.fleet.serving,
             capacities=self.fleet.lending,
             notify=self._pod_changed,
@@ -115,10 +117,12 @@ class FederationProvider:
         self, config: MemberConfig, access: ClusterAccess | None, on_change: Callable[[], None]
     ) -> CapacitySource:
         if config.source == "agent":
-            return AgentSource(config, on_change=on_change)
+            return AgentSource(config, on_change=on_change, owner=self.owner.key)
         if access is None:
             raise ProviderError(f"member {config.name}: no kubeconfig")
-        return DirectSource(config.name, access, on_change=on_change, network_pod_label=config.network_pod_label)
+        return DirectSource(
+            config.name, access, on_change=on_change, network_pod_label=config.network_pod_label, owner=self.owner.key
+        )
 
     def _member_pods(self, config: MemberConfig, access: ClusterAccess) -> MemberPods:
         """Our pods in a member: their changes go to the runtime, their disruptions to reclaim's
@@ -126,7 +130,7 @@ class FederationProvider:
         return MemberPods(
             config.name,
             access,
-            instance=self.node_name,
+            owner=self.owner,
             on_change=self._pod_changed,
             fence=self._client.fence if self._client is not None else None,
             on_disrupted=self.reclaimer.reports.disrupted,
@@ -181,6 +185,8 @@ class FederationProvider:
     async def run(self, client: KubeClient) -> None:
         """Start the configured members, follow MemberCluster objects, publish capacity."""
         self._client = client
+        # Before any member starts: every object we make there carries this front end's identity.
+        self.owner.identify(await front_end_uid(client))
         self._events = EventRecorder(client, component="vkprovider-federation", host=self.node_name)
         for part in (self.dispatcher, self.reclaimer, self.orphans):
             part.front, part.events = client, self._events

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66\x65\x64\x65ration/agent/capacity.proto\x12\x16vkprovider.capacity.v1\"\x1e\n\x0cWatchRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\"\'\n\x08Resource\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03\"3\n\x05Taint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\"M\n\x08NumaZone\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\tavailable\x18\x02 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\"\xf2\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x13\n\x0bschedulable\x18\x03 \x01(\x08\x12-\n\x06taints\x18\x04 \x03(\x0b\x32\x1d.vkprovider.capacity.v1.Taint\x12\x35\n\x0b\x61llocatable\x18\x05 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\x12\x35\n\x0bonline_used\x18\x06 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\x12\x33\n\tours_used\x18\x07 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x13\n\x0bnetwork_pod\x18\t \x01(\t\x12\x0c\n\x04zone\x18\n \x01(\t\x12.\n\x04numa\x18\x0b \x03(\x0b\x32 .vkprovider.capacity.v1.NumaZone\"\xa2\x01\n\x06Update\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12+\n\x05nodes\x18\x03 \x03(\x0b\x32\x1c.vkprovider.capacity.v1.Node\x12\x0f\n\x07removed\x18\x04 \x03(\t\x12\x11\n\theartbeat\x18\x05 \x01(\x08\x12\x0e\n\x06member\x18\x06 \x01(\t\x12\x14\n\x0csent_unix_ms\x18\x07 \x01(\x03\x32`\n\rCapacityAgent\x12O\n\x05Watch\x12$.vkprovider.capacity.v1.WatchRequest\x1a\x1e.vkprovider.capacity.v1.Update0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66\x65\x64\x65ration/agent/capacity.proto\x12\x16vkprovider.capacity.v1\"-\n\x0cWatchRequest\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\"\'\n\x08Resource\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03\"3\n\x05Taint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\"M\n\x08NumaZone\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\tavailable\x18\x02 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\"\xf2\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x13\n\x0bschedulable\x18\x03 \x01(\x08\x12-\n\x06taints\x18\x04 \x03(\x0b\x32\x1d.vkprovider.capacity.v1.Taint\x12\x35\n\x0b\x61llocatable\x18\x05 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\x12\x35\n\x0bonline_used\x18\x06 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\x12\x33\n\tours_used\x18\x07 \x03(\x0b\x32 .vkprovider.capacity.v1.Resource\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x13\n\x0bnetwork_pod\x18\t \x01(\t\x12\x0c\n\x04zone\x18\n \x01(\t\x12.\n\x04numa\x18\x0b \x03(\x0b\x32 .vkprovider.capacity.v1.NumaZone\"\xa2\x01\n\x06Update\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12+\n\x05nodes\x18\x03 \x03(\x0b\x32\x1c.vkprovider.capacity.v1.Node\x12\x0f\n\x07removed\x18\x04 \x03(\t\x12\x11\n\theartbeat\x18\x05 \x01(\x08\x12\x0e\n\x06member\x18\x06 \x01(\t\x12\x14\n\x0csent_unix_ms\x18\x07 \x01(\x03\x32`\n\rCapacityAgent\x12O\n\x05Watch\x12$.vkprovider.capacity.v1.WatchRequest\x1a\x1e.vkprovider.capacity.v1.Update0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'federation.agent.capacity_p
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WATCHREQUEST']._serialized_start=59
-  _globals['_WATCHREQUEST']._serialized_end=89
-  _globals['_RESOURCE']._serialized_start=91
-  _globals['_RESOURCE']._serialized_end=130
-  _globals['_TAINT']._serialized_start=132
-  _globals['_TAINT']._serialized_end=183
-  _globals['_NUMAZONE']._serialized_start=185
-  _globals['_NUMAZONE']._serialized_end=262
-  _globals['_NODE']._serialized_start=265
-  _globals['_NODE']._serialized_end=635
-  _globals['_UPDATE']._serialized_start=638
-  _globals['_UPDATE']._serialized_end=800
-  _globals['_CAPACITYAGENT']._serialized_start=802
-  _globals['_CAPACITYAGENT']._serialized_end=898
+  _globals['_WATCHREQUEST']._serialized_end=104
+  _globals['_RESOURCE']._serialized_start=106
+  _globals['_RESOURCE']._serialized_end=145
+  _globals['_TAINT']._serialized_start=147
+  _globals['_TAINT']._serialized_end=198
+  _globals['_NUMAZONE']._serialized_start=200
+  _globals['_NUMAZONE']._serialized_end=277
+  _globals['_NODE']._serialized_start=280
+  _globals['_NODE']._serialized_end=650
+  _globals['_UPDATE']._serialized_start=653
+  _globals['_UPDATE']._serialized_end=815
+  _globals['_CAPACITYAGENT']._serialized_start=817
+  _globals['_CAPACITYAGENT']._serialized_end=913
 # @@protoc_insertion_point(module_scope)

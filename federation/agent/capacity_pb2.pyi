@@ -7,10 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WatchRequest(_message.Message):
-    __slots__ = ("client",)
+    __slots__ = ("client", "owner")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     client: str
-    def __init__(self, client: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, client: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Resource(_message.Message):
     __slots__ = ("name", "value")

@@ -24,11 +24,14 @@ from vkprovider import logs
 
 
 class AgentSource:
-    def __init__(self, config: MemberConfig, *, on_change: Callable[[], None], silence: float = 15.0) -> None:
+    def __init__(
+        self, config: MemberConfig, *, on_change: Callable[[], None], owner: str = "", silence: float = 15.0
+    ) -> None:
         if not config.agent_address:
             raise ValueError(f"member {config.name}: source agent needs agent_address")
         self.name = config.name
         self._address = config.agent_address
+        self._owner = owner  # whose pods the agent counts as ours (federation.labels.Owner.key)
         self._tls_ca = config.agent_tls_ca.read_bytes() if config.agent_tls_ca else None
         self._on_change = on_change
         self._silence = silence
@@ -89,7 +92,7 @@ class AgentSource:
             try:
                 async with self._channel() as channel:
                     stub = pb_grpc.CapacityAgentStub(channel)  # type: ignore[no-untyped-call]
-                    call = stub.Watch(pb.WatchRequest(client=f"vkprovider@{socket.gethostname()}"))
+                    call = stub.Watch(pb.WatchRequest(client=f"vkprovider@{socket.gethostname()}", owner=self._owner))
                     while True:
                         update = await asyncio.wait_for(call.read(), timeout=self._silence)
                         if update is grpc.aio.EOF:

@@ -4,6 +4,7 @@ both sides mean the same thing by a node."""
 from __future__ import annotations
 
 from federation.agent import capacity_pb2 as pb
+from federation.capacity import quantities
 from federation.capacity.inventory import Inventory, NodeRecord, NumaZone
 
 
@@ -15,16 +16,22 @@ def _vector(resources: list[pb.Resource]) -> dict[str, int]:
     return {r.name: r.value for r in resources}
 
 
-def node_message(inventory: Inventory, name: str) -> pb.Node:
+def node_message(inventory: Inventory, name: str, owner: str = "") -> pb.Node:
+    """One node as `owner` sees it: its pods are ours, everyone else's online load (an
+    inventory that keeps each provider's share apart); every provider's pods ours with no owner."""
     node = inventory.nodes[name]
+    ours, online = inventory.ours_used.get(name, {}), inventory.online_used.get(name, {})
+    if owner:
+        mine = inventory.by_owner.get(name, {}).get(owner, {})
+        online, ours = quantities.add(online, quantities.add(ours, mine, -1)), mine
     return pb.Node(
         name=node.name,
         ready=node.ready,
         schedulable=node.schedulable,
         taints=[pb.Taint(key=k, value=v, effect=e) for k, v, e in node.taints],
         allocatable=_resources(node.allocatable),
-        online_used=_resources(inventory.online_used.get(name, {})),
-        ours_used=_resources(inventory.ours_used.get(name, {})),
+        online_used=_resources(online),
+        ours_used=_resources(ours),
         gpu_product=node.gpu_product or "",
         network_pod=node.network_pod or "",
         zone=node.zone or "",

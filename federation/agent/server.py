@@ -24,23 +24,23 @@ class CapacityAgent(pb_grpc.CapacityAgentServicer):
         self._coalesce = coalesce
         self._log = logs.get("agent", cluster=watcher.name)
 
-    def _update(self, *, version: int, snapshot: bool, names: list[str], removed: list[str]) -> pb.Update:
+    def _update(self, *, version: int, snapshot: bool, names: list[str], removed: list[str], owner: str) -> pb.Update:
         inv = self._watcher.inventory
         return pb.Update(
             version=version,
             snapshot=snapshot,
-            nodes=[node_message(inv, n) for n in names if n in inv.nodes],
+            nodes=[node_message(inv, n, owner) for n in names if n in inv.nodes],
             removed=removed,
             member=self._watcher.name,
             sent_unix_ms=int(time.time() * 1000),
         )
 
     async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.Update]:
-        self._log.info("client connected", client=request.client)
+        self._log.info("client connected", client=request.client, owner=request.owner)
         await self._watcher.synced.wait()
         inv = self._watcher.inventory
         sent = dict(inv.node_versions)
-        yield self._update(version=inv.version, snapshot=True, names=list(inv.nodes), removed=[])
+        yield self._update(version=inv.version, snapshot=True, names=list(inv.nodes), removed=[], owner=request.owner)
         last_sent = time.monotonic()
         try:
             while True:
@@ -53,7 +53,9 @@ class CapacityAgent(pb_grpc.CapacityAgentServicer):
                         del sent[name]
                     for name in changed:
                         sent[name] = current[name]
-                    yield self._update(version=inv.version, snapshot=False, names=changed, removed=removed)
+                    yield self._update(
+                        version=inv.version, snapshot=False, names=changed, removed=removed, owner=request.owner
+                    )
                     last_sent = time.monotonic()
                 elif time.monotonic() - last_sent >= self._heartbeat:
                     yield pb.Update(

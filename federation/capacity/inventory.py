@@ -41,7 +41,7 @@ class NodeRecord:
 class PodRecord:
     node: str
     requests: Requests
-    ours: bool
+    owner: str | None  # the provider that made it (federation.labels.owner_key); None: online
 
 
 @dataclass(slots=True)
@@ -139,11 +139,18 @@ class Inventory:
     """One member's nodes and pods, and per-node usage by online load and by our pods."""
 
     network_pod_label: str = labels.NETWORK_POD
+    #: Whose pods count as ours (federation.labels.Owner.key): another provider's pods hold the
+    #: member's capacity as online load does. None: every provider's (one provider per member).
+    owner: str | None = None
+    #: Also keep what each provider's pods hold per node (`by_owner`): the capacity agent, which
+    #: tells each provider its own share.
+    track_owners: bool = False
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     numa: dict[str, tuple[NumaZone, ...]] = field(default_factory=dict)
     online_used: dict[str, dict[str, int]] = field(default_factory=dict)
     ours_used: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_owner: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     #: Online pods waiting for room without preempting (keyed like `pods`).
     pending: dict[str, PendingRecord] = field(default_factory=dict)
     _shapes: dict[Requests, Requests] = field(default_factory=dict)
@@ -209,10 +216,15 @@ class Inventory:
         return self._shapes.setdefault(shape, shape)
 
     def _account(self, record: PodRecord, sign: int) -> None:
-        usage = self.ours_used if record.ours else self.online_used
+        ours = record.owner is not None and (self.owner is None or record.owner == self.owner)
+        usage = self.ours_used if ours else self.online_used
         used = usage.setdefault(record.node, {})
         for name, value in record.requests:
             used[name] = used.get(name, 0) + sign * value
+        if self.track_owners and record.owner is not None:
+            held = self.by_owner.setdefault(record.node, {}).setdefault(record.owner, {})
+            for name, value in record.requests:
+                held[name] = held.get(name, 0) + sign * value
         self.touch(record.node)
 
     def upsert_pod(self, obj: dict[str, Any]) -> str:
@@ -225,8 +237,8 @@ class Inventory:
         old = self.pods.pop(key, None)
         if old is not None:
             self._account(old, -1)
-        ours = (meta.get("labels") or {}).get(labels.MANAGED) == "true"
-        if not ours and waits_without_preempting(obj):
+        owner = labels.owner_key(meta.get("labels") or {})
+        if owner is None and waits_without_preempting(obj):
             self.pending[key] = PendingRecord(
                 self._compact(pod_requests(spec)),
                 int(spec.get("priority") or 0),
@@ -238,7 +250,7 @@ class Inventory:
         # Terminal pods free their node; terminating ones still hold it until they are gone,
         # as the scheduler counts them.
         if node and phase not in ("Succeeded", "Failed"):
-            record = PodRecord(sys.intern(node), self._compact(pod_requests(spec)), ours)
+            record = PodRecord(sys.intern(node), self._compact(pod_requests(spec)), owner and sys.intern(owner))
             self.pods[key] = record
             self._account(record, +1)
         return key

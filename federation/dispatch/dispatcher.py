@@ -50,7 +50,7 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        instance: str,
+        owner: labels.Owner,
         members: Callable[[], dict[str, Any]],
         capacities: Callable[[], dict[str, MemberCapacity]],
         notify: Callable[[str], None],
@@ -59,7 +59,7 @@ class Dispatcher:
         draining: Callable[[str], bool] = lambda member: False,
         virtual_nodes: Callable[[], list[str]] = lambda: [],
     ) -> None:
-        self.instance = instance
+        self.owner = owner
         self._draining = draining
         self._members = members  # name -> provider Member (config + pods watcher)
         self._capacities = capacities
@@ -74,7 +74,7 @@ class Dispatcher:
         self.reports = StatusReports(members=members, jobs=self.jobs, job_of_pod=self.job_of_pod, outage=outage)
         self.pins = Pins(front=lambda: self.front, running_job=self.reports.running_job)
         self.writer = MemberWriter(
-            instance=instance,
+            owner=owner,
             members=members,
             front=lambda: self.front,
             events=lambda: self.events,
@@ -86,9 +86,9 @@ class Dispatcher:
             native_pods=NativePods(lambda: self.front, virtual_nodes),
             pods_in=self.reports.pods_in,
             events=lambda: self.events,
-            instance=instance,
+            instance=owner.instance,
         )
-        self._log = logs.get("dispatch", instance=instance)
+        self._log = logs.get("dispatch", instance=owner.instance)
 
     async def _job(self, pod: Pod) -> Job:
         ref = job_of(pod)  # type: ignore[arg-type]

@@ -3,7 +3,8 @@ runs it, a job's gang to the member's gang object, and a member pod's status bac
 
 To the member:
 - namespace by the member's mapping; the same pod name (rendezvous names keep working);
-- identity labels and annotations under vkprovider.io/ (front-end uid, job, member, instance);
+- identity labels and annotations under vkprovider.io/ (front-end pod uid, job, member, owner:
+  the provider instance and its front end);
 - stripped: nodeName, the virtual node's tolerations and selectors, scheduling gates, front-end
   gang keys and service-account token volumes (the member's own account is used instead);
 - schedulerName of the member; priority in the member's offline band, by role (federation.bands);
@@ -83,7 +84,7 @@ def to_member(
     gang: GangSpec,
     role: str,
     member: str,
-    instance: str,
+    owner: labels.Owner,
     namespace_prefix: str,
     gang_api: str,
     scheduler_name: str,
@@ -129,14 +130,7 @@ def to_member(
     member_labels = {
         k: v for k, v in (meta.get("labels") or {}).items() if k not in FRONT_GANG_LABELS and k != labels.JOB_LABEL
     }
-    member_labels.update(
-        {
-            labels.MANAGED: "true",
-            labels.ORIGIN_UID: meta.get("uid", ""),
-            labels.JOB_LABEL: job_hash(job),
-            labels.INSTANCE: instance,
-        }
-    )
+    member_labels.update({**owner.labels(), labels.ORIGIN_UID: meta.get("uid", ""), labels.JOB_LABEL: job_hash(job)})
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in FRONT_GANG_ANNOTATIONS}
     annotations.update(
         {
@@ -181,14 +175,14 @@ def gang_object(
     gang_api: str,
     placement: Placement | None,
     network_pod_label: str,
-    instance: str,
+    owner: labels.Owner,
     role: str = "worker-min",
 ) -> dict[str, Any]:
     """The member's gang object, created before the pods so its scheduler keeps the gang."""
     meta = {
         "name": gang_name(job),
         "namespace": namespace,
-        "labels": {labels.MANAGED: "true", labels.JOB_LABEL: job_hash(job), labels.INSTANCE: instance},
+        "labels": {**owner.labels(), labels.JOB_LABEL: job_hash(job)},
         "annotations": {labels.JOB_KEY: job.key},
     }
     if gang_api == "native":

@@ -13,9 +13,9 @@ from typing import Any
 from federation import labels
 
 
-def _reflected_meta(meta: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+def _reflected_meta(meta: dict[str, Any], *, namespace: str, owner: labels.Owner) -> dict[str, Any]:
     """Metadata of any reflected copy: the source's name and labels, plus ours."""
-    ours = {labels.MANAGED: "true", labels.REFLECTED: "true", labels.INSTANCE: instance}
+    ours = {**owner.labels(), labels.REFLECTED: "true"}
     return {
         "name": meta.get("name"),
         "namespace": namespace,
@@ -24,13 +24,13 @@ def _reflected_meta(meta: dict[str, Any], *, namespace: str, instance: str) -> d
     }
 
 
-def copy_of(obj: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+def copy_of(obj: dict[str, Any], *, namespace: str, owner: labels.Owner) -> dict[str, Any]:
     """The member copy of a front-end ConfigMap or Secret."""
     meta = obj.get("metadata") or {}
     out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": obj.get("kind") or ("Secret" if "type" in obj else "ConfigMap"),
-        "metadata": _reflected_meta(meta, namespace=namespace, instance=instance),
+        "metadata": _reflected_meta(meta, namespace=namespace, owner=owner),
     }
     for field in ("data", "binaryData", "stringData", "type", "immutable"):
         if field in obj:
@@ -53,13 +53,13 @@ def headless_services_for(pod_labels: dict[str, str], services: list[dict[str, A
     return out
 
 
-def service_copy(svc: dict[str, Any], *, namespace: str, instance: str) -> dict[str, Any]:
+def service_copy(svc: dict[str, Any], *, namespace: str, owner: labels.Owner) -> dict[str, Any]:
     meta = svc.get("metadata") or {}
     spec = svc.get("spec") or {}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _reflected_meta(meta, namespace=namespace, instance=instance),
+        "metadata": _reflected_meta(meta, namespace=namespace, owner=owner),
         "spec": {
             "clusterIP": "None",
             "selector": spec.get("selector"),

@@ -40,16 +40,16 @@ class Reflector:
     def __init__(
         self,
         *,
-        instance: str,
+        owner: labels.Owner,
         members: Callable[[], dict[str, Any]],
         front: Callable[[], KubeClient | None],
     ) -> None:
-        self.instance = instance
+        self.owner = owner
         self._members = members  # name -> provider Member (config + pods watcher)
         self._front = front
         self._services: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._services_lock: dict[str, asyncio.Lock] = {}
-        self._log = logs.get("reflector", instance=instance)
+        self._log = logs.get("reflector", instance=owner.instance)
 
     def _pods_in(self, member: str) -> MemberPods | None:
         entry = self._members().get(member)
@@ -67,11 +67,11 @@ class Reflector:
                 source = await front.get(f"/api/v1/namespaces/{front_namespace}/{plural}/{name}")
             except NotFound:
                 continue  # the member pod waits for it, as a kubelet would
-            await self._put_copy(client, plural, reflect.copy_of(source, namespace=namespace, instance=self.instance))
+            await self._put_copy(client, plural, reflect.copy_of(source, namespace=namespace, owner=self.owner))
         for svc in reflect.headless_services_for(
             member_pod["metadata"].get("labels") or {}, await self._front_services(front_namespace)
         ):
-            copy = reflect.service_copy(svc, namespace=namespace, instance=self.instance)
+            copy = reflect.service_copy(svc, namespace=namespace, owner=self.owner)
             with contextlib.suppress(AlreadyExists):
                 await client.create(f"/api/v1/namespaces/{namespace}/services", copy)
 
@@ -103,7 +103,7 @@ class Reflector:
         """Delete reflected objects no pod of ours needs any more; refresh the others."""
         front = self._front()
         assert front is not None
-        selector = {"labelSelector": f"{labels.REFLECTED}=true,{labels.INSTANCE}={self.instance}"}
+        selector = {"labelSelector": self.owner.selector({labels.REFLECTED: "true"})}
         for name in list(self._members()):
             pods = self._pods_in(name)
             if pods is None or pods.client is None or not pods.synced.is_set():
@@ -148,7 +148,7 @@ class Reflector:
                         source = await front.get(f"/api/v1/namespaces/{origin[ns]}/{plural}/{obj_name}")
                     except NotFound:
                         continue
-                    copy = reflect.copy_of(source, namespace=ns, instance=self.instance)
+                    copy = reflect.copy_of(source, namespace=ns, owner=self.owner)
                     if not reflect.same_content(obj, copy):
                         copy["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
                         with contextlib.suppress(Conflict, NotFound):

@@ -43,19 +43,19 @@ class MemberWriter:
     def __init__(
         self,
         *,
-        instance: str,
+        owner: labels.Owner,
         members: Callable[[], dict[str, Any]],
         front: Callable[[], KubeClient | None],
         events: Callable[[], EventRecorder | None],
         notify: Callable[[str], None],
         namespaces: NamespaceFence,
     ) -> None:
-        self.instance = instance
+        self.owner = owner
         self._members = members  # name -> provider Member (config + pods watcher)
         self._events = events
         self._notify = notify
         #: Copies of what member pods refer to, and their garbage collection.
-        self.reflector = Reflector(instance=instance, members=members, front=front)
+        self.reflector = Reflector(owner=owner, members=members, front=front)
         self.namespaces = namespaces
         #: The pod-security level each pod needs, worked out once per pod.
         self.needs = podsecurity.NeededLevels()
@@ -89,7 +89,7 @@ class MemberWriter:
             gang=job.member_gang,
             role=role_of(pod),  # type: ignore[arg-type]
             member=member,
-            instance=self.instance,
+            owner=self.owner,
             namespace_prefix=config.namespace_prefix,
             gang_api=config.gang_api,
             scheduler_name=config.scheduler_name,
@@ -137,7 +137,7 @@ class MemberWriter:
             gang_api=config.gang_api,
             placement=job.place,
             network_pod_label=config.network_pod_label,
-            instance=self.instance,
+            owner=self.owner,
             role=job.role,
         )
         api_version, plural = forge.GANG_PATHS[config.gang_api]
@@ -153,7 +153,7 @@ class MemberWriter:
         config = entry.config
         namespace = forge.member_namespace(job.namespace, config.namespace_prefix)
         label = jobs.job_hash(job)
-        selector = {"labelSelector": f"{labels.JOB_LABEL}={label},{labels.INSTANCE}={self.instance}"}
+        selector = {"labelSelector": self.owner.selector({labels.JOB_LABEL: label})}
         for key in entry.pods.keys_of(label):
             entry.pods.expect_deletion(entry.pods.by_origin.uid(key) or "")
         with contextlib.suppress(NotFound):

@@ -49,9 +49,19 @@ class CapacitySource(Protocol):
 class DirectSource:
     """Capacity from watching the member's apiserver."""
 
-    def __init__(self, name: str, access: ClusterAccess, *, on_change: Callable[[], None], network_pod_label: str):
+    def __init__(
+        self,
+        name: str,
+        access: ClusterAccess,
+        *,
+        on_change: Callable[[], None],
+        network_pod_label: str,
+        owner: str | None = None,
+    ) -> None:
         self.name = name
-        self.watcher = MemberWatcher(name, access, on_change=on_change, network_pod_label=network_pod_label)
+        self.watcher = MemberWatcher(
+            name, access, on_change=on_change, network_pod_label=network_pod_label, owner=owner
+        )
         self._summarizer = Summarizer(name)
 
     @property

@@ -196,6 +196,15 @@ def member_from_object(obj: dict[str, Any]) -> MemberConfig:
     )
 
 
+async def front_end_uid(front: KubeClient) -> str:
+    """The front end's identity: the UID of its kube-system namespace (federation.labels.Owner)."""
+    try:
+        namespace = await front.get("/api/v1/namespaces/kube-system")
+    except ApiError as exc:
+        raise ProviderError(f"cannot read the front end's identity (namespace kube-system): {exc}") from exc
+    return str(namespace["metadata"]["uid"])
+
+
 async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterAccess:
     """How to reach the member a MemberCluster object declares: the kubeconfig in the Secret it
     names. KubeconfigError (a ValueError) names the member and says why it cannot be used."""

@@ -5,7 +5,7 @@ UID) or ended while the member pod still runs, is deleted gracefully by `OrphanR
 start-up, whenever a member's pods are listed afresh (it answered again), and every
 `orphan_interval`. A member pod that ended and whose front-end pod ended too is kept: it holds no
 resources, and its logs stay readable until the front-end pod is deleted. Only pods the member
-watch selects (our managed and instance labels) are ever looked at, and each candidate is
+watch selects (our managed, instance and front-end labels) are ever looked at, and each candidate is
 confirmed with a read of its front-end pod before it is deleted. Which front-end pods live is read
 from the runtime's pod cache, not listed: a list of 10,000 pods every `orphan_interval` was the
 apiserver's and our biggest periodic cost, and a cache that lags the API can only make a pod a

@@ -46,7 +46,7 @@ class MemberPods:
         name: str,
         access: ClusterAccess,
         *,
-        instance: str,
+        owner: labels.Owner,
         on_change: Callable[[str, str | None], None],
         fence: WriteFence | None = None,
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
@@ -64,7 +64,7 @@ class MemberPods:
         #: UIDs of member pods we delete ourselves (their front-end pod went, a gang rolled back).
         self._expected: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
         self._reported: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)
-        self.instance = instance
+        self.owner = owner
         self._on_change = on_change
         #: Front-end ns/name -> member pod, held as bytes (vkprovider.podstore); each entry's
         #: index is the pod's job label, what the per-job scans below look for.
@@ -186,9 +186,8 @@ class MemberPods:
         self._on_change(key, None)
 
     def ours(self, pod: dict[str, Any]) -> bool:
-        """A member pod this instance made (what the label selector of our own watch picks)."""
-        found = (pod.get("metadata") or {}).get("labels") or {}
-        return found.get(labels.MANAGED) == "true" and found.get(labels.INSTANCE) == self.instance
+        """A member pod this provider made (what the label selector of our own watch picks)."""
+        return self.owner.owns((pod.get("metadata") or {}).get("labels") or {})
 
     # The feed: our pods as listed and watched, by our own watch or by the member's capacity
     # watch (federation.members.watch), which sees every pod anyway: one watch of the member's pods
@@ -231,7 +230,7 @@ class MemberPods:
     async def run(self, *, watch: bool = True) -> None:
         """Hold the member client (for our writes) and, with `watch`, list and watch our pods;
         without, the feed comes from elsewhere (`listed`, `event`, `failed`)."""
-        params = {"labelSelector": f"{labels.MANAGED}=true,{labels.INSTANCE}={self.instance}"}
+        params = {"labelSelector": self.owner.selector()}
         async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
             self.client = client
             if not watch:

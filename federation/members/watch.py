@@ -93,11 +93,15 @@ class MemberWatcher:
         *,
         on_change: Callable[[], None],
         network_pod_label: str,
+        owner: str | None = None,
+        track_owners: bool = False,
         health_interval: float = 2.0,
     ) -> None:
         self.name = name
         self.access = access
-        self.inventory = Inventory(network_pod_label=network_pod_label)
+        #: `owner`: whose pods are ours (a provider's own watch); `track_owners`: each provider's
+        #: share kept apart (the capacity agent's, federation.agent.server).
+        self.inventory = Inventory(network_pod_label=network_pod_label, owner=owner, track_owners=track_owners)
         self._on_change = on_change
         self._health_interval = health_interval
         self.synced = asyncio.Event()

@@ -5,8 +5,8 @@ reclaim path as they would for online load (checkpoint notice, then graceful del
 
 1. every MemberCluster is disabled: the provider drains it (federation.members.fleet) and the
    front-end pods end Failed, reason Reclaimed, with their Events;
-2. it waits until no member holds a pod of this instance;
-3. reflected ConfigMaps, Secrets and Services of this instance are deleted in every member;
+2. it waits until no member holds a pod of this provider (its instance, of this front end);
+3. reflected ConfigMaps, Secrets and Services of this provider are deleted in every member;
 4. the MemberCluster objects are deleted;
 5. with `--deployment`, the provider is scaled to zero and its pods awaited, so nothing
    registers the virtual nodes again;
@@ -26,7 +26,7 @@ from typing import Any
 
 from federation import labels
 from federation.config import FederationConfig
-from federation.members.objects import access_from_secret
+from federation.members.objects import access_from_secret, front_end_uid
 from vkprovider.kube import ApiError, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import in_cluster
 from vkprovider.settings import Settings
@@ -65,8 +65,8 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
     kubeconfig = settings.kube.kubeconfig
     access = load_kubeconfig(kubeconfig, context=settings.kube.context) if kubeconfig else in_cluster()
     deadline = time.monotonic() + timeout
-    instance = settings.node.name
     async with KubeClient(access, user_agent="vkprovider-drain") as front:
+        owner = labels.Owner(settings.node.name, await front_end_uid(front))
         chosen = {"labelSelector": config.member_selector} if config.member_selector else None
         objects = (await front.list(labels.MEMBERS_PATH, params=chosen))["items"]
         names = [o["metadata"]["name"] for o in objects]
@@ -76,7 +76,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
             for obj in objects:
                 with contextlib.suppress(ApiError, ValueError):
                     clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
-            selector = {"labelSelector": f"{labels.MANAGED}=true,{labels.INSTANCE}={instance}"}
+            selector = {"labelSelector": owner.selector()}
             # A tenant's credential cannot list Secrets across the member (federation.tenancy.policy):
             # its reflected objects are looked for in the namespaces its pods use now.
             scoped: dict[str, set[str]] = {}
@@ -101,7 +101,7 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
 
             await _until(members_empty, deadline=deadline, what="our pods to leave every member")
             _say("no member holds a pod of ours")
-            reflected = {"labelSelector": f"{labels.REFLECTED}=true,{labels.INSTANCE}={instance}"}
+            reflected = {"labelSelector": owner.selector({labels.REFLECTED: "true"})}
             for name, client in clients.items():
                 collections = [
                     f"/api/v1/namespaces/{ns}/{plural}" if name in scoped else f"/api/v1/{plural}"

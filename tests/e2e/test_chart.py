@@ -45,6 +45,7 @@ DOCUMENTED = {
     "configmaps": {"get"},
     "secrets": {"get"},
     "services": {"list"},
+    "namespaces": {"get"},  # kube-system only: the front end's identity
     "tokenreviews.authentication.k8s.io": {"create"},
     "subjectaccessreviews.authorization.k8s.io": {"create"},
     "certificatesigningrequests.certificates.k8s.io": {"get", "create"},

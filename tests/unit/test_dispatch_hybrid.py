@@ -58,7 +58,7 @@ class World:
 
     def dispatcher(self) -> Dispatcher:
         """A freshly started provider: its member index rebuilt from the member's pods."""
-        pods = MemberPods("m1", None, instance=VIRTUAL, on_change=lambda key, phase: None)  # type: ignore[arg-type]
+        pods = MemberPods("m1", None, owner=labels.Owner(VIRTUAL), on_change=lambda key, phase: None)  # type: ignore[arg-type]
         pods.client = self.member  # type: ignore[assignment]
         for key, obj in self.member.objects.items():
             if "/pods/" in key:
@@ -68,7 +68,7 @@ class World:
         node = NodeFree("m1-n0", {"cpu": 96_000, "memory": 2**40, "pods": 110}, None, None, None)
         capacity = MemberCapacity(name="m1", nodes=[node])
         dispatcher = Dispatcher(
-            instance=VIRTUAL,
+            owner=labels.Owner(VIRTUAL),
             namespaces=MemberNamespaces(),
             members=lambda: {"m1": member},
             capacities=lambda: {"m1": capacity},

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from federation import podsecurity
+from federation import labels, podsecurity
 from federation.capacity.summary import MemberCapacity, NodeFree
 from federation.config import MemberConfig
 from federation.dispatch.dispatcher import Dispatcher
@@ -61,7 +61,7 @@ class World:
         self.apis = {name: FakeApi() for name in ("m1", "m2")}
         self.members: dict[str, Any] = {}
         for name, api in self.apis.items():
-            pods = MemberPods(name, None, instance="vk", on_change=lambda key, phase: None)  # type: ignore[arg-type]
+            pods = MemberPods(name, None, owner=labels.Owner("vk"), on_change=lambda key, phase: None)  # type: ignore[arg-type]
             pods.client = api  # type: ignore[assignment]
             pods.synced.set()
             weight = 2 if name == "m1" else 1
@@ -71,7 +71,7 @@ class World:
             self.members[name] = SimpleNamespace(config=config, pods=pods)
         node = NodeFree("n0", {"cpu": 96_000, "memory": 2**40, "pods": 110}, None, None, None)
         self.dispatcher = Dispatcher(
-            instance="vk",
+            owner=labels.Owner("vk"),
             members=lambda: self.members,
             capacities=lambda: {n: MemberCapacity(name=n, nodes=[node]) for n in self.apis},
             notify=lambda key: None,

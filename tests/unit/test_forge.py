@@ -58,13 +58,16 @@ def front_pod(**spec: Any) -> dict[str, Any]:
     }
 
 
+OWNER = labels.Owner("vk-pool", "fe-uid")
+
+
 def translate(pod: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     args: dict[str, Any] = {
         "job": JOB,
         "gang": GangSpec(min_member=4),
         "role": "worker-min",
         "member": "member-2",
-        "instance": "vk-pool",
+        "owner": OWNER,
         "namespace_prefix": "offline-",
         "gang_api": "native",
         "scheduler_name": "default-scheduler",
@@ -83,6 +86,9 @@ def test_member_pod_identity_and_what_is_stripped() -> None:
     assert meta["name"] == "w0" and meta["namespace"] == "offline-team-a"
     assert meta["labels"][labels.MANAGED] == "true" and meta["labels"][labels.ORIGIN_UID] == "uid-1"
     assert meta["labels"][labels.JOB_LABEL] == jobs.job_hash(JOB) and len(jobs.job_hash(JOB)) <= 63
+    # Ours only with both this instance and this front end: another front end may name its node vk-pool too.
+    assert meta["labels"][labels.INSTANCE] == "vk-pool" and meta["labels"][labels.FRONT_END] == "fe-uid"
+    assert OWNER.owns(meta["labels"]) and not labels.Owner("vk-pool", "other-fe").owns(meta["labels"])
     assert "scheduling.x-k8s.io/pod-group" not in meta["labels"]
     assert "scheduling.k8s.io/group-name" not in meta["annotations"]
     assert meta["annotations"]["scheduling.koordinator.sh/numa-topology-spec"] == "{}"  # NUMA untouched
@@ -128,7 +134,7 @@ def test_elastic_pods_join_no_gang_and_gang_pods_share_a_class() -> None:
 def test_gang_objects(api: str) -> None:
     gang = GangSpec(min_member=16, same_network=True, timeout=120)
     obj = forge.gang_object(
-        JOB, gang, namespace="offline-team-a", gang_api=api, placement=None, network_pod_label="np", instance="vk"
+        JOB, gang, namespace="offline-team-a", gang_api=api, placement=None, network_pod_label="np", owner=OWNER
     )
     assert obj["metadata"]["name"] == forge.gang_name(JOB)
     if api == "native":
