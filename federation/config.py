@@ -99,6 +99,23 @@ class TenancyConfig(_Model):
     quota: dict[str, str] = Field(
         default_factory=dict, description="ResourceQuota (requests) created in each tenant namespace."
     )
+    allowed_tolerations: list[str] = Field(
+        default_factory=list,
+        alias="allowedTolerations",
+        description="Taint keys the tenant's pods may tolerate there, beyond the node lifecycle ones Kubernetes "
+        "adds to every pod; a pod with another toleration is refused before it is sent.",
+    )
+    monitoring_namespaces: list[str] = Field(
+        default_factory=list,
+        alias="monitoringNamespaces",
+        description="Member namespaces whose pods may reach the tenant's (its NetworkPolicy admits them).",
+    )
+    token_seconds: int = Field(
+        3600,
+        ge=600,
+        alias="tokenSeconds",
+        description="Lifetime the provider asks for its member tokens (TokenRequest); renewed before expiry.",
+    )
 
 
 class MemberConfig(_Model):

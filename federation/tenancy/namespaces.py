@@ -1,6 +1,7 @@
 """Member namespaces ready for our pods: the offline PriorityClasses, the namespace with its Pod
-Security labels, its service account, and for a tenant (federation.tenancy.policy) the RoleBinding
-that gives the provider its rights there and the tenant's quota, in that order.
+Security labels, its service account, and for a tenant (federation.tenancy.policy) its record in
+the tenant's registry, the RoleBinding that gives the provider its rights there, the tenant's
+quota and its NetworkPolicy, in that order.
 
 Done once per member namespace and level; `known` (the member's cache, namespace -> level)
 remembers what is done, so a pod's create costs no request here once its namespace is ready.
@@ -16,7 +17,7 @@ import contextlib
 from federation import bands, labels, podsecurity
 from federation.config import MemberConfig, TenancyConfig
 from federation.tenancy import policy
-from vkprovider.kube import AlreadyExists, Forbidden, KubeClient, ensure_namespace, wait_for_account
+from vkprovider.kube import AlreadyExists, Forbidden, KubeClient, NotFound, ensure_namespace, wait_for_account
 from vkprovider.provider import ProviderError
 
 ACCOUNT_WAIT = 15.0
@@ -56,10 +57,8 @@ class MemberNamespaces:
             # its refusals also waits until the binding reached the authorizer, so the quota's
             # create after it is not refused (CI saw a 403 on a create made at once).
             ready = await wait_for_account(client, namespace, account, timeout=ACCOUNT_WAIT, forbidden_for=RBAC_WAIT)
-            if ready and config.tenancy.quota:
-                quota = policy.resource_quota(config.tenancy.tenant, namespace, config.tenancy.quota)
-                with contextlib.suppress(AlreadyExists):
-                    await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
+            if ready:
+                await self._tenant_fences(client, namespace, config.tenancy)
         else:
             await self._priority_classes_of(member, config, client)
             # Ours from before (or labelled for another level) are relabelled; a namespace
@@ -85,12 +84,27 @@ class MemberNamespaces:
         self._priority_classes.add(member)
 
     @staticmethod
+    async def _tenant_fences(client: KubeClient, namespace: str, tenancy: TenancyConfig) -> None:
+        """Once the tenant's RoleBinding is in effect: the quota the member granted, and the
+        NetworkPolicy that admits only the tenant's own namespaces (and the monitoring ones)."""
+        if tenancy.quota:
+            quota = policy.resource_quota(tenancy.tenant, namespace, tenancy.quota)
+            with contextlib.suppress(AlreadyExists):
+                await client.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
+        fence = policy.Fence(tuple(tenancy.allowed_tolerations), tuple(tenancy.monitoring_namespaces))
+        with contextlib.suppress(AlreadyExists):
+            await client.create(
+                f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
+                policy.network_policy(tenancy.tenant, namespace, fence),
+            )
+
+    @staticmethod
     async def _tenant_namespace(
         client: KubeClient, namespace: str, tenancy: TenancyConfig, level: podsecurity.Level
     ) -> None:
         """A tenant's provider has no rights in a namespace until it binds its role there
-        (federation.tenancy.policy): namespace first, then the RoleBinding (the quota follows once the
-        binding is in effect)."""
+        (federation.tenancy.policy): the namespace first, recorded in the tenant's registry, then
+        the RoleBinding (the quota and NetworkPolicy follow once the binding is in effect)."""
         wanted = {labels.MANAGED: "true", policy.TENANT: tenancy.tenant, **podsecurity.namespace_labels(level)}
         try:
             try:
@@ -101,6 +115,16 @@ class MemberNamespaces:
                 await client.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": wanted}})
         except Forbidden as exc:
             raise ProviderError(f"namespace {namespace} refused for tenant {tenancy.tenant}: {exc}") from exc
+        # Recorded before anything of ours goes there: a tenant may not list namespaces, and its
+        # provider, restarted, finds its pods in the namespaces this registry names.
+        registry = f"/api/v1/namespaces/{policy.home_namespace(tenancy.tenant)}/configmaps/{policy.REGISTRY}"
+        try:
+            await client.patch(registry, {"data": {namespace: ""}})
+        except (Forbidden, NotFound) as exc:
+            raise ProviderError(
+                f"tenant {tenancy.tenant}: namespace {namespace} cannot be recorded in {policy.REGISTRY} "
+                f"({exc}); run `vkprovider onboard` again for this member"
+            ) from exc
         binding = policy.role_binding(tenancy.tenant, namespace)
         binding["roleRef"]["name"] = tenancy.cluster_role
         binding["subjects"] = [{"kind": "ServiceAccount", **tenancy.service_account.model_dump()}]

@@ -56,8 +56,11 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "ResourceQuota": ("/api/v1", "resourcequotas", True),
     "Pod": ("/api/v1", "pods", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ConfigMap": ("/api/v1", "configmaps", True),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": (
         "/apis/admissionregistration.k8s.io/v1",
@@ -87,7 +90,7 @@ def path_of(obj: dict[str, Any]) -> str:
 class Step:
     cluster: str
     obj: dict[str, Any]
-    action: str = "create"  # create, update, unchanged, rotate, delete, unmark
+    action: str = "create"  # create, update, unchanged, rotate, delete, unmark, overlap (a warning)
     current: dict[str, Any] | None = None
     why: str = ""
 
@@ -180,22 +183,20 @@ async def _reach(client: KubeClient, what: str, where: str) -> None:
         raise OnboardError(f"cannot reach the {what} at {where}: {exc}; check its kubeconfig") from exc
 
 
-async def _allowed(client: KubeClient, checks: list[tuple[str, str, str, str, str]]) -> list[str]:
-    """The (verb, group, resource, subresource, namespace) the caller may not do."""
+Check = tuple[str, ...]  # (verb, group, resource, subresource, namespace[, name])
+
+
+async def _allowed(client: KubeClient, checks: list[Check]) -> list[str]:
+    """The (verb, group, resource, subresource, namespace[, name]) the caller may not do."""
     missing = []
-    for verb, group, resource, sub, namespace in checks:
+    for verb, group, resource, sub, namespace, *name in checks:
+        attributes = {"verb": verb, "group": group, "resource": resource, "subresource": sub, "namespace": namespace}
+        if name:
+            attributes["name"] = name[0]
         review = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SelfSubjectAccessReview",
-            "spec": {
-                "resourceAttributes": {
-                    "verb": verb,
-                    "group": group,
-                    "resource": resource,
-                    "subresource": sub,
-                    "namespace": namespace,
-                }
-            },
+            "spec": {"resourceAttributes": attributes},
         }
         answer = await client.create("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
         if not (answer.get("status") or {}).get("allowed"):
@@ -204,7 +205,7 @@ async def _allowed(client: KubeClient, checks: list[tuple[str, str, str, str, st
     return missing
 
 
-MEMBER_NEEDS = [
+MEMBER_NEEDS: list[Check] = [
     ("create", "", "namespaces", "", ""),
     ("delete", "", "namespaces", "", ""),
     ("create", "", "serviceaccounts", "", "*"),
@@ -212,6 +213,10 @@ MEMBER_NEEDS = [
     ("create", "", "secrets", "", "*"),
     ("create", "rbac.authorization.k8s.io", "clusterroles", "", ""),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""),
+    ("create", "rbac.authorization.k8s.io", "roles", "", "*"),
+    ("create", "rbac.authorization.k8s.io", "rolebindings", "", "*"),
+    ("create", "", "configmaps", "", "*"),
+    ("list", "", "namespaces", "", ""),
     ("create", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", ""),
     ("create", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
     ("create", "scheduling.k8s.io", "priorityclasses", "", ""),
@@ -219,7 +224,7 @@ MEMBER_NEEDS = [
 ]
 
 
-def front_needs(namespace: str) -> list[tuple[str, str, str, str, str]]:
+def front_needs(namespace: str) -> list[Check]:
     return [
         ("create", "", "secrets", "", namespace),
         ("update", "", "secrets", "", namespace),
@@ -283,6 +288,29 @@ def _priority_class_step(desired: dict[str, Any], current: dict[str, Any] | None
     return step
 
 
+@dataclass(frozen=True)
+class Access:
+    """How the tenant's provider will see the member: its capacity agent (`agent_address`), or
+    direct reads of every pod and node (a member with this one tenant), and its tokens' life."""
+
+    agent_address: str | None = None
+    direct_reads: bool = False
+    token_seconds: int = 3600
+
+
+async def _overlaps(clusters: Clusters, tenant: str) -> list[Step]:
+    """Namespaces named like the tenant's but not its own (created by someone else): the
+    tenant's provider can never use them; a front-end namespace mapped to one fails there."""
+    listed = await clusters.member.list("/api/v1/namespaces")
+    out = []
+    for ns in listed["items"]:
+        meta = ns["metadata"]
+        if meta["name"].startswith(policy.prefix(tenant)) and not _owned_by(ns, tenant):
+            why = "named like the tenant's, not its own: its provider may not use it"
+            out.append(Step(MEMBER, {"kind": "Namespace", "metadata": {"name": meta["name"]}}, "overlap", ns, why))
+    return out
+
+
 async def plan(
     clusters: Clusters,
     *,
@@ -292,11 +320,13 @@ async def plan(
     level: Level,
     quota: dict[str, str],
     reclaim: ReclaimConfig,
+    fence: policy.Fence,
+    access: Access,
 ) -> tuple[list[Step], list[Step]]:
     """Steps in the member and in the front end (the kubeconfig Secret and MemberCluster are
     planned here but written after the token is made)."""
     member_steps: list[Step] = []
-    for desired in policy.member_objects(tenant, level, quota):
+    for desired in policy.member_objects(tenant, level, quota, fence, direct_reads=access.direct_reads):
         current = await _current(clusters.member, desired)
         step = Step(MEMBER, desired, current=current)
         if current is not None:
@@ -306,7 +336,10 @@ async def plan(
                 step.action = "unchanged"
             else:
                 step.action = "update"
+        if access.direct_reads and desired["kind"] == "ClusterRole" and step.name == policy.cluster_role(tenant):
+            step.why = "direct reads: the tenant may read every pod and node of the member"
         member_steps.append(step)
+    member_steps += await _overlaps(clusters, tenant)
     classes = bands.priority_classes(threshold=reclaim.online_threshold, offline_preemption=reclaim.offline_preemption)
     member_steps.extend([_priority_class_step(d, await _current(clusters.member, d), tenant) for d in classes])
 
@@ -327,6 +360,9 @@ async def plan(
         secret_name=secret["metadata"]["name"],
         level=level,
         quota=quota,
+        fence=fence,
+        agent_address=access.agent_address,
+        token_seconds=access.token_seconds,
     )
     front_steps = []
     for desired in (secret, member_cluster):
@@ -400,17 +436,23 @@ async def _binding_uid(clusters: Clusters, tenant: str) -> str:
     return str(binding["metadata"]["uid"])
 
 
-#: What a tenant's provider asks its member first (federation.tenancy.cluster_rules): onboarding
-#: hands the credential over once the member's authorizer grants these to the new token.
-FIRST_USE = [
-    ("list", "", "pods", "", ""),
-    ("watch", "", "nodes", "", ""),
-    ("create", "", "namespaces", "", ""),
-]
+def first_use(tenant: str, access: Access) -> list[Check]:
+    """What a tenant's provider asks its member first (federation.tenancy.policy): onboarding
+    hands the credential over once the member's authorizer grants these to the new token."""
+    needs: list[Check] = [
+        ("create", "", "namespaces", "", ""),
+        ("get", "", "configmaps", "", policy.home_namespace(tenant), policy.REGISTRY),
+        ("create", "", "serviceaccounts", "token", policy.home_namespace(tenant), policy.ACCOUNT),
+    ]
+    if access.direct_reads:
+        needs += [("list", "", "pods", "", ""), ("watch", "", "nodes", "", "")]
+    return needs
+
+
 GRANT_WAIT = 30.0  # seconds for new RBAC objects to reach the member's authorizer
 
 
-async def _granted(member_access: ClusterAccess, token: str) -> None:
+async def _granted(member_access: ClusterAccess, token: str, needs: list[Check]) -> None:
     """Wait until the member allows the new token what the provider does first. A RoleBinding
     or ClusterRoleBinding takes effect when the apiserver's informer brings it, a moment after
     its create: a provider started at once could be refused, and a refusal in its log is a
@@ -420,7 +462,7 @@ async def _granted(member_access: ClusterAccess, token: str) -> None:
     )
     deadline = time.monotonic() + GRANT_WAIT
     async with KubeClient(access, user_agent="vkprovider-onboard") as client:
-        while missing := await _allowed(client, FIRST_USE):
+        while missing := await _allowed(client, needs):
             if time.monotonic() > deadline:
                 raise OnboardError(
                     f"the tenant's new credential is still refused {', '.join(missing)} after {GRANT_WAIT:.0f}s; "
@@ -447,9 +489,10 @@ async def onboard(
     quota_text: str | None,
     level: Level,
     server: str | None,
-    ttl: float,
     dry_run: bool,
     reclaim: ReclaimConfig,
+    fence: policy.Fence,
+    access: Access,
 ) -> list[Step]:
     policy.check_name(tenant)
     quota = policy.parse_quota(quota_text)
@@ -471,6 +514,8 @@ async def onboard(
             level=level,
             quota=quota,
             reclaim=reclaim,
+            fence=fence,
+            access=access,
         )
         secret_step = front_steps[0]
         if secret_step.current is not None and secret_step.action != "conflict":
@@ -478,7 +523,7 @@ async def onboard(
                 _kubeconfig_text(secret_step.current),
                 server=server,
                 binding_uid=await _binding_uid(clusters, tenant),
-                ttl=ttl,
+                ttl=access.token_seconds,
                 now=time.time(),
             )
             if why:
@@ -498,8 +543,8 @@ async def onboard(
         for step in member_steps:
             await _write(member, step)
         if secret_step.action in ("create", "rotate"):
-            token, _ = await _token(clusters, tenant, ttl)
-            await _granted(member_access, token)
+            token, _ = await _token(clusters, tenant, access.token_seconds)
+            await _granted(member_access, token, first_use(tenant, access))
             config = policy.kubeconfig(
                 server=server, ca_data=member_access.ca_data, token=token, name=f"{name}-{tenant}"
             )
@@ -683,7 +728,34 @@ def add_arguments(sub: Any) -> None:
     on.add_argument("--quota", help="what the tenant may take there, as cpu=8,memory=32Gi,nvidia.com/gpu=4")
     on.add_argument("--pod-security", default=podsecurity.DEFAULT, choices=list(podsecurity.LEVELS))
     on.add_argument("--member-server", help="the member's apiserver URL as the provider reaches it")
-    on.add_argument("--token-ttl", type=float, default=365 * 86400.0, help="seconds the provider's token lives")
+    on.add_argument(
+        "--token-ttl",
+        type=int,
+        default=3600,
+        help="seconds the provider's tokens live (at least 600); the provider renews them before expiry",
+    )
+    on.add_argument(
+        "--agent-address", help="host:port of the member's capacity agent, where the provider reads its capacity"
+    )
+    on.add_argument(
+        "--direct-reads",
+        action="store_true",
+        help="let the tenant read every pod and node of the member instead (a member with this one tenant)",
+    )
+    on.add_argument(
+        "--allow-toleration",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a taint key the tenant's pods may tolerate (repeat for more); node lifecycle ones always",
+    )
+    on.add_argument(
+        "--monitoring-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="a member namespace whose pods may reach the tenant's (its NetworkPolicy; repeat for more)",
+    )
     on.add_argument("--online-threshold", type=int, default=0, help="priority from which member pods are online")
     on.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     off = sub.add_parser("offboard", help="take a tenant's offline cluster away from a member cluster")
@@ -700,6 +772,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.command == "onboard":
             reclaim = ReclaimConfig.model_validate({"onlineThreshold": args.online_threshold})
+            if bool(args.agent_address) == args.direct_reads:
+                raise OnboardError(
+                    "say how the tenant's provider sees the member's capacity: --agent-address of the member's "
+                    "capacity agent (`federation agent`, run by the member's owner), or --direct-reads to let the "
+                    "tenant read every pod and node (a member with this one tenant)"
+                )
+            if args.token_ttl < 600:
+                raise OnboardError("--token-ttl: at least 600 seconds (the apiserver's minimum)")
             steps = asyncio.run(
                 onboard(
                     tenant=args.tenant,
@@ -710,13 +790,14 @@ def main(args: argparse.Namespace) -> int:
                     quota_text=args.quota,
                     level=args.pod_security,
                     server=args.member_server,
-                    ttl=args.token_ttl,
                     dry_run=args.dry_run,
                     reclaim=reclaim,
+                    fence=policy.Fence(tuple(args.allow_toleration), tuple(args.monitoring_namespace)),
+                    access=Access(args.agent_address, args.direct_reads, args.token_ttl),
                 )
             )
             print(table(steps))
-            changed = sum(1 for s in steps if s.action != "unchanged")
+            changed = sum(1 for s in steps if s.action not in ("unchanged", "overlap"))
             verb = "would change" if args.dry_run else "changed"
             print(f"onboard: {verb} {changed} of {len(steps)} object(s)" + (" (dry run)" if args.dry_run else ""))
             return 0
