@@ -54,6 +54,19 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 #: MemberCluster objects in the front end (federation/crds/memberclusters.yaml).
 MEMBERS_PATH = "/apis/vkprovider.io/v1alpha1/memberclusters"
+#: A tenant's member namespaces are recorded in a ConfigMap of this name in its home namespace
+#: (it may not list namespaces): written by federation.tenancy, read by members and the drain.
+TENANT_REGISTRY = "vkprovider-namespaces"
+
+
+def tenant_home(tenant: str) -> str:
+    """A tenant's home namespace in a member (its account, token binding and registry)."""
+    return f"vkprovider-tenant-{tenant}"
+
+
+def tenant_registry(tenant: str) -> str:
+    """The path of a tenant's registry of member namespaces."""
+    return f"/api/v1/namespaces/{tenant_home(tenant)}/configmaps/{TENANT_REGISTRY}"
 
 
 class Owner:

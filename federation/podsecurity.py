@@ -17,7 +17,7 @@ then containers, init containers and ephemeral containers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -78,6 +78,9 @@ RESTRICTED_VOLUMES = frozenset(
 )
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 HOOKS = ("postStart", "preStop")
+#: Tolerations every pod may carry into a tenant's fence: the ones Kubernetes itself adds to
+#: every pod (DefaultTolerationSeconds admission), which only bound how long it stays on a failed node.
+LIFECYCLE_TOLERATIONS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 @dataclass(frozen=True)
@@ -287,20 +290,52 @@ def describe(violations: list[Violation], *, limit: int = 4) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
-def refusal(pod: Mapping[str, object], levels: Mapping[str, Level], needs: Level, *, pinned: str | None) -> str | None:
+def fence(pod: Mapping[str, object], tolerations: Collection[str], *, ignored: Collection[str] = ()) -> list[Violation]:
+    """What keeps `pod` out of a tenant's fence in a member (federation.tenancy.policy, which the
+    member enforces too): a toleration whose key is neither `tolerations` nor a lifecycle one
+    (`ignored`: keys taken off before the pod is sent), a hostPort. Empty when it may go."""
+    spec = _map(pod.get("spec"))
+    allowed = {*tolerations, *LIFECYCLE_TOLERATIONS, *ignored}
+    found = [
+        Violation(f"spec.tolerations[{i}].key", f"{t.get('key') or 'every taint'} is not allowed")
+        for i, t in enumerate(spec.get("tolerations") or [])
+        if (t.get("key") or "") not in allowed
+    ]
+    for path, container in _containers(spec):
+        for i, port in enumerate(container.get("ports") or []):
+            if port.get("hostPort"):
+                found.append(Violation(f"{path}.ports[{i}].hostPort", "not allowed"))
+    return found
+
+
+def refusal(
+    pod: Mapping[str, object],
+    levels: Mapping[str, Level],
+    needs: Level,
+    *,
+    pinned: str | None,
+    fences: Mapping[str, list[Violation]] | None = None,
+) -> str | None:
     """Why the pod may go to none of `levels` (member -> level; just its job's member when
-    `pinned`), for its Failed message; None when some member's level admits it."""
-    if not levels or any(admits(level, needs) for level in levels.values()):
+    `pinned`) by their pod security, or by their tenant fence (`fences`: member -> what keeps
+    the pod out), for its Failed message; None when some member admits it."""
+    fences = fences or {}
+    if not levels or any(admits(level, needs) and not fences.get(n) for n, level in levels.items()):
         return None
     if pinned:
+        if fences.get(pinned):
+            return f"the tenant fence of member {pinned}, where its job runs, forbids {describe(fences[pinned])}"
         found = describe(check(pod, levels[pinned]))
         return f"pod security of member {pinned} ({levels[pinned]}), where its job runs, forbids {found}"
     parts = []
     for level in LEVELS:
-        at = [n for n, lv in levels.items() if lv == level]
+        at = [n for n, lv in levels.items() if lv == level and not admits(lv, needs)]
         if at:
             verb = "forbids" if len(at) == 1 else "forbid"
             parts.append(f"{', '.join(at)} ({level}) {verb} {describe(check(pod, level))}")
+    for n, violations in sorted(fences.items()):
+        if violations and admits(levels.get(n, "privileged"), needs):
+            parts.append(f"{n} (tenant fence) forbids {describe(violations)}")
     return f"no member's pod security admits the pod: {'; '.join(parts)}"
 
 

@@ -38,6 +38,7 @@ from federation.members.objects import MemberObjects, front_end_uid
 from federation.members.orphans import OrphanReconciler
 from federation.members.outages import Outage
 from federation.members.pods import MemberPods
+from federation.members.scope import NamespaceScope
 from federation.reclaim.metrics import ReclaimMetrics
 from federation.reclaim.reclaimer import Reclaimer
 from federation.streams import exec as member_exec
@@ -126,11 +127,16 @@ class FederationProvider:
 
     def _member_pods(self, config: MemberConfig, access: ClusterAccess) -> MemberPods:
         """Our pods in a member: their changes go to the runtime, their disruptions to reclaim's
-        job reports, their tombstones to dispatch's reports, a fresh list to the orphan check."""
+        job reports, their tombstones to dispatch's reports, a fresh list to the orphan check; a
+        tenant's are followed in the namespaces its registry names (federation.members.scope)."""
+        scope = None
+        if config.tenancy is not None:
+            scope = NamespaceScope(registry=labels.tenant_registry(config.tenancy.tenant))
         return MemberPods(
             config.name,
             access,
             owner=self.owner,
+            scope=scope,
             on_change=self._pod_changed,
             fence=self._client.fence if self._client is not None else None,
             on_disrupted=self.reclaimer.reports.disrupted,

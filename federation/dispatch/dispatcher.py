@@ -129,7 +129,7 @@ class Dispatcher:
             refusal = self._refusal(pod, pinned)
             if refusal is not None:
                 self._forget_pod(job, key)
-                self._log.warning("pod refused by member pod security", pod=key, member=pinned or "any")
+                self._log.warning("pod refused by member pod security or fence", pod=key, member=pinned or "any")
                 raise ProviderInvalid(refusal, reason=podsecurity.REASON)
             if pinned and job.dispatched_at is not None:
                 # An elastic pod beyond the gang's minimum (or a plain job's next pod): it goes
@@ -164,18 +164,33 @@ class Dispatcher:
         members = self._members()
         return {n: members[n].config.pod_security for n in names if n in members}
 
+    def _fences(self, pod: Pod, names: list[str]) -> dict[str, list[podsecurity.Violation]]:
+        """What keeps the pod out of each tenant member's fence (members without one: none)."""
+        members = self._members()
+        return {
+            n: podsecurity.fence(
+                pod, members[n].config.tenancy.allowed_tolerations, ignored=forge.VIRTUAL_TOLERATION_KEYS
+            )
+            for n in names
+            if n in members and members[n].config.tenancy is not None
+        }
+
     def _refusal(self, pod: Pod, pinned: str | None) -> str | None:
         """Why the pod may go nowhere (its job's member, else any member not being drained)
-        by pod security; None when some member's level admits it."""
+        by pod security or a tenant fence; None when some member admits it."""
         names = [pinned] if pinned else sorted(n for n in self._members() if not self._draining(n))
-        return podsecurity.refusal(pod, self._levels(names), self.writer.needs(pod), pinned=pinned)
+        needs = self.writer.needs(pod)
+        return podsecurity.refusal(pod, self._levels(names), needs, pinned=pinned, fences=self._fences(pod, names))
 
     def _refusing(self, job: Job) -> set[str]:
-        """Members whose pod-security level refuses some pod of the job (placement skips them)."""
-        levels = self._levels(list(self._members()))
+        """Members whose pod-security level or tenant fence refuses some pod of the job (placement
+        skips them)."""
+        names = list(self._members())
+        fenced = {n for p in job.pods.values() for n, found in self._fences(p, names).items() if found}
+        levels = self._levels(names)
         if all(level == "privileged" for level in levels.values()):
-            return set()
-        return podsecurity.refusing(levels, {self.writer.needs(p) for p in job.pods.values()})
+            return fenced
+        return fenced | podsecurity.refusing(levels, {self.writer.needs(p) for p in job.pods.values()})
 
     def _forget_pod(self, job: Job, key: str) -> None:
         """A pod that will not be dispatched: out of its job, and the job gone if it was its last."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from federation import labels
-from federation.dispatch import forge, reflect
+from federation.dispatch import reflect
 from federation.members.pods import MemberPods
 from vkprovider import logs
 from vkprovider.kube import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
@@ -117,14 +117,8 @@ class Reflector:
                 known[0].update(cms)
                 known[1].update(secrets)
                 origin[ns] = key.partition("/")[0]
-            # A tenant may not list across the member: its namespaces in use, one by one.
-            scoped = self._members()[name].config.tenancy is not None
-            if scoped:
-                prefix = self._members()[name].config.namespace_prefix
-                fronts = {key.partition("/")[0] for key in pods.by_origin}
-                namespaces = sorted(set(pods.namespaces) | {forge.member_namespace(ns, prefix) for ns in fronts})
-            else:
-                namespaces = [""]
+            # A tenant may not list across the member: its namespaces, one by one.
+            namespaces = sorted(pods.scope.namespaces) if pods.scope is not None else [""]
 
             async def listed_in(
                 plural: str, client: KubeClient = client, namespaces: list[str] = namespaces

@@ -65,6 +65,8 @@ class MemberWriter:
         pods: MemberPods | None = getattr(entry, "pods", None)
         known = pods.namespaces if pods is not None else None
         await self.namespaces.ensure(member, entry.config, client, namespace, known)
+        if pods is not None:
+            pods.follow(namespace)
 
     async def create_pod(self, job: Job, pod: Pod, member: str, *, in_gang: bool) -> None:
         """The member pod of `pod`, in the member's view of the job's gang when `in_gang`;

@@ -82,7 +82,9 @@ class MemberObjects:
             return
         try:
             config = member_from_object(obj)
-            access = await access_from_secret(self._client, obj) if config.source == "direct" else None
+            # An agent-fed member without a kubeconfig only lends; with one, our pods go there.
+            has_secret = bool((obj.get("spec") or {}).get("kubeconfigSecretRef"))
+            access = await access_from_secret(self._client, obj) if config.source == "direct" or has_secret else None
         except (ApiError, ProviderError, ValueError) as exc:
             self._log.warning("MemberCluster cannot be used", cluster=name, error=str(exc))
             await self._patch_status(

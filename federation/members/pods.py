@@ -24,6 +24,7 @@ from federation import labels
 from federation.capacity.inventory import pod_requests
 from federation.capacity.reservations import Reservations
 from federation.members import disruption
+from federation.members.scope import NamespaceScope
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, WriteFence
 from vkprovider.kube.relist import Relist, relist
@@ -52,6 +53,7 @@ class MemberPods:
         on_disrupted: Callable[[str, dict[str, Any], disruption.Disruption], None] | None = None,
         tombstones: Tombstones | None = None,
         on_listed: Callable[[str], None] | None = None,
+        scope: NamespaceScope | None = None,
     ) -> None:
         self.name = name
         self.access = access
@@ -88,6 +90,10 @@ class MemberPods:
         self.reservations = Reservations()
         #: Namespaces ready for our pods, with the pod-security level their labels carry.
         self.namespaces: dict[str, str] = {}
+        #: For a credential that may not read pods across the member: the namespaces ours may
+        #: be in (federation.members.scope), and each pod's member namespace, for their relists.
+        self.scope = scope
+        self._namespace_of: dict[str, str] = {}
         self._log = logs.get("member-pods", cluster=name)
 
     @staticmethod
@@ -106,6 +112,8 @@ class MemberPods:
     def record(self, pod: dict[str, Any]) -> None:
         """Index a member pod (created by us, or seen by the watch)."""
         key = self.origin(pod)
+        if self.scope is not None:
+            self._namespace_of[key] = pod["metadata"].get("namespace", "")
         old = self.by_origin.entry(key)
         if old is not None:
             self._count(old.extra, -1)
@@ -181,6 +189,7 @@ class MemberPods:
             self.reservations.release(key)
             self._count(current.extra, -1)
             self.noticed.discard(key)
+            self._namespace_of.pop(key, None)
         self._deleted[pod["metadata"].get("uid")] = True
         self._disrupted(pod, gone=True)
         self._on_change(key, None)
@@ -216,6 +225,24 @@ class MemberPods:
         if self._on_listed is not None:
             self._on_listed(self.name)
 
+    def relist_in(self, namespace: str) -> Relist:
+        """A fresh list of our pods in one member namespace: what is gone from it since is
+        dropped (the scope lists each namespace apart)."""
+        return Relist(self._listed_one, lambda seen: self._relisted_in(namespace, seen))
+
+    def _relisted_in(self, namespace: str, seen: set[str]) -> None:
+        gone = [k for k, ns in self._namespace_of.items() if ns == namespace and k not in seen]
+        for _, pod in self.by_origin.scan(gone):
+            self._drop(pod)
+        self.failing = False
+        if self._on_listed is not None:
+            self._on_listed(self.name)
+
+    def follow(self, namespace: str) -> None:
+        """A namespace readied for our pods: followed from now on (where the scope is ours to keep)."""
+        if self.scope is not None:
+            self.scope.follow(namespace)
+
     def event(self, kind: str, pod: dict[str, Any]) -> None:
         if kind == "DELETED":
             self._drop(pod)
@@ -233,6 +260,8 @@ class MemberPods:
         params = {"labelSelector": self.owner.selector()}
         async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
             self.client = client
+            if self.scope is not None:
+                await self.scope.run(self, client, watch=watch)
             if not watch:
                 await asyncio.Event().wait()  # until cancelled
             failures = 0

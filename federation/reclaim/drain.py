@@ -49,6 +49,14 @@ async def _until(check: Callable[[], Awaitable[bool]], *, deadline: float, what:
         await asyncio.sleep(POLL)
 
 
+async def _registered(member: KubeClient, tenant: str) -> set[str]:
+    """The member namespaces a tenant's providers made (its registry; empty if unreadable)."""
+    try:
+        return set(((await member.get(labels.tenant_registry(tenant))).get("data") or {}).keys())
+    except ApiError:
+        return set()
+
+
 def virtual_nodes(settings: Settings, config: FederationConfig, members: list[str]) -> list[str]:
     if config.virtual_nodes == "pooled":
         return [settings.node.name]
@@ -77,24 +85,30 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
                 with contextlib.suppress(ApiError, ValueError):
                     clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
             selector = {"labelSelector": owner.selector()}
-            # A tenant's credential cannot list Secrets across the member (federation.tenancy.policy):
-            # its reflected objects are looked for in the namespaces its pods use now.
+            # A tenant's credential may not list across the member (federation.tenancy.policy): its
+            # pods and copies are looked for in the namespaces its registry names.
             scoped: dict[str, set[str]] = {}
             for obj in objects:
                 name = obj["metadata"]["name"]
-                if (obj.get("spec") or {}).get("tenancy") and name in clients:
-                    with contextlib.suppress(ApiError):
-                        listed = await clients[name].list("/api/v1/pods", params=selector)
-                        scoped[name] = {p["metadata"]["namespace"] for p in listed["items"]}
+                tenancy = (obj.get("spec") or {}).get("tenancy")
+                if tenancy and name in clients:
+                    scoped[name] = await _registered(clients[name], tenancy.get("tenant", ""))
+
+            def collections(name: str, plural: str) -> list[str]:
+                if name not in scoped:
+                    return [f"/api/v1/{plural}"]
+                return [f"/api/v1/namespaces/{ns}/{plural}" for ns in sorted(scoped[name])]
+
             for name in names:
                 await front.patch(f"{labels.MEMBERS_PATH}/{name}", {"spec": {"enabled": False}})
             _say("members disabled: our pods there get checkpoint notices, then go")
 
             async def members_empty() -> bool:
-                for client in clients.values():
+                for name, client in clients.items():
                     try:
-                        if (await client.list("/api/v1/pods", params=selector))["items"]:
-                            return False
+                        for collection in collections(name, "pods"):
+                            if (await client.list(collection, params=selector))["items"]:
+                                return False
                     except ApiError:
                         return False  # unreachable now: cannot tell, keep waiting
                 return True
@@ -103,12 +117,9 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
             _say("no member holds a pod of ours")
             reflected = {"labelSelector": owner.selector({labels.REFLECTED: "true"})}
             for name, client in clients.items():
-                collections = [
-                    f"/api/v1/namespaces/{ns}/{plural}" if name in scoped else f"/api/v1/{plural}"
-                    for plural in ("configmaps", "secrets", "services")
-                    for ns in sorted(scoped.get(name, {""}))
-                ]
-                for collection in collections:
+                for collection in [
+                    c for plural in ("configmaps", "secrets", "services") for c in collections(name, plural)
+                ]:
                     for item in (await client.list(collection, params=reflected))["items"]:
                         meta = item["metadata"]
                         plural = collection.rpartition("/")[2]

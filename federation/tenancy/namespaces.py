@@ -117,7 +117,7 @@ class MemberNamespaces:
             raise ProviderError(f"namespace {namespace} refused for tenant {tenancy.tenant}: {exc}") from exc
         # Recorded before anything of ours goes there: a tenant may not list namespaces, and its
         # provider, restarted, finds its pods in the namespaces this registry names.
-        registry = f"/api/v1/namespaces/{policy.home_namespace(tenancy.tenant)}/configmaps/{policy.REGISTRY}"
+        registry = labels.tenant_registry(tenancy.tenant)
         try:
             await client.patch(registry, {"data": {namespace: ""}})
         except (Forbidden, NotFound) as exc:

@@ -52,15 +52,14 @@ ROLE_BINDING = "vkprovider-tenant"
 NETWORK_POLICY = "vkprovider-tenant"
 #: In the tenant's home namespace: the member namespaces its providers made (a data key each).
 #: A tenant may not list namespaces; its provider reads this to find its pods after a restart.
-REGISTRY = "vkprovider-namespaces"
+REGISTRY = labels.TENANT_REGISTRY
 #: The Role (and RoleBinding) that gives the provider its rights in its home namespace.
 HOME_ROLE = "vkprovider-tenant-home"
 NAME = re.compile(r"^[a-z][a-z0-9]{0,19}$")
-#: Tolerations every tenant pod may carry: the ones Kubernetes itself adds to every pod
-#: (DefaultTolerationSeconds admission), which only bound how long a pod stays on a failed node.
 #: The label every namespace carries with its own name (Kubernetes sets it).
 NAMESPACE_NAME = "kubernetes.io/metadata.name"
-LIFECYCLE_TOLERATIONS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+#: Tolerations every tenant pod may carry (federation.podsecurity says which and why).
+LIFECYCLE_TOLERATIONS = podsecurity.LIFECYCLE_TOLERATIONS
 
 GANG_GROUPS = ["scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"]
 
@@ -76,7 +75,7 @@ def check_name(tenant: str) -> None:
 
 
 def home_namespace(tenant: str) -> str:
-    return f"vkprovider-tenant-{tenant}"
+    return labels.tenant_home(tenant)
 
 
 def prefix(tenant: str) -> str:
