@@ -212,4 +212,16 @@ class FederationConfig(_Model):
         120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
     )
     publish_interval: float = Field(0.5, description="Seconds between capacity recomputations at most.")
+    token_renew_after: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Share of a tenant member token's lifetime after which the provider renews it.",
+    )
+    credential_probe_interval: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds between checks that a tenant member still accepts the provider's token "
+        "(a revoked one is noticed within this time).",
+    )
     damping_hold: float = Field(10.0, description="Seconds a small increase waits before it is published.")

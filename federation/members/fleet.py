@@ -13,6 +13,7 @@ there are followed is handed in by the provider, which composes the features on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,9 +23,11 @@ from federation.config import FederationConfig, MemberConfig
 from federation.members import outages
 from federation.members.member import CapacitySource, DirectSource, Member, UnusableSource
 from federation.members.pods import MemberPods
+from federation.members.tokens import TokenKeeper, TokenStore
 from vkprovider import logs
 from vkprovider.kube import ClusterAccess, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError
+from vkprovider.kube.credentials import HeldToken
 from vkprovider.objects import Pod
 
 SourceFactory = Callable[[MemberConfig, ClusterAccess | None, Callable[[], None]], CapacitySource]
@@ -61,7 +64,7 @@ class Fleet:
 
     def lending(self) -> dict[str, MemberCapacity]:
         """The latest summary of each reachable member."""
-        return {n: m.summary for n, m in self.members.items() if m.summary is not None and m.reachable}
+        return {n: m.summary for n, m in self.members.items() if m.summary is not None and m.lends}
 
     def outage_of(self, name: str) -> outages.Outage | None:
         return self.members[name].outage if name in self.members else None
@@ -141,14 +144,27 @@ class Fleet:
         self._log.info("member kubeconfig usable again", cluster=config.name)
         self.add_member(config, access)
 
-    def add_member(self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False) -> None:
-        """Start (or restart with new settings) one member."""
+    def add_member(
+        self,
+        config: MemberConfig,
+        access: ClusterAccess | None,
+        *,
+        from_object: bool = False,
+        store: TokenStore | None = None,
+    ) -> None:
+        """Start (or restart with new settings) one member; a tenant's token is kept renewed
+        (and written back to `store`)."""
         self.remove_member(config.name, quiet=True)
+        keeper = None
+        if access is not None and config.tenancy is not None and config.enabled:
+            access, keeper = self._token_keeper(config, access, store)
         source = self._new_source(config, access, self.changed)
-        member = Member(config=config, source=source, from_object=from_object)
+        member = Member(config=config, source=source, from_object=from_object, store=store, keeper=keeper)
         self.members[config.name] = member
         if config.enabled:
             loop = asyncio.get_running_loop()
+            if keeper is not None:
+                member.keeper_task = loop.create_task(keeper.run(), name=f"federation/token/{config.name}")
             if access is not None:
                 member.pods = self._new_pods(config, access)
                 # A direct source watches the member's pods anyway: ours come from that watch.
@@ -163,6 +179,29 @@ class Fleet:
         self._node_set_changed()
         self.changed()
 
+    def _token_keeper(
+        self, config: MemberConfig, access: ClusterAccess, store: TokenStore | None
+    ) -> tuple[ClusterAccess, TokenKeeper | None]:
+        """A tenant member reached with a service-account token: every client of it shares one
+        token, renewed before it expires (federation.members.tokens); other credentials are
+        used as they are."""
+        held = access.credentials if isinstance(access.credentials, HeldToken) else None
+        if held is None and access.token and access.credentials is None:
+            held = HeldToken(access.token)
+            access = dataclasses.replace(access, credentials=held)
+        if held is None or config.tenancy is None:
+            return access, None
+        keeper = TokenKeeper(
+            config.name,
+            access,
+            held,
+            seconds=config.tenancy.token_seconds,
+            renew_after=self.config.token_renew_after,
+            probe_every=self.config.credential_probe_interval,
+            store=store,
+        )
+        return access, keeper
+
     def remove_member(self, name: str, *, quiet: bool = False) -> None:
         member = self.members.pop(name, None)
         if member is None:
@@ -171,6 +210,8 @@ class Fleet:
             member.task.cancel()
         if member.pods_task is not None:
             member.pods_task.cancel()
+        if member.keeper_task is not None:
+            member.keeper_task.cancel()
         if not quiet:
             self._log.info("member removed", cluster=name)
             self._node_set_changed()
@@ -246,4 +287,4 @@ class Fleet:
         if member.removed:
             self.remove_member(member.name)
         else:
-            self.add_member(member.config, pods.access, from_object=member.from_object)
+            self.add_member(member.config, pods.access, from_object=member.from_object, store=member.store)

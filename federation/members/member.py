@@ -17,6 +17,7 @@ from federation.capacity.summary import CapacityPolicy, MemberCapacity, Summariz
 from federation.config import MemberConfig
 from federation.members import outages
 from federation.members.pods import MemberPods
+from federation.members.tokens import TokenKeeper, TokenStore
 from federation.members.watch import MemberWatcher
 from vkprovider.kube import ClusterAccess
 from vkprovider.kube.access import KubeconfigError
@@ -156,6 +157,10 @@ class Member:
     task: asyncio.Task[None] | None = None
     pods: MemberPods | None = None  # our pods there (None: the member only lends, no kubeconfig)
     pods_task: asyncio.Task[None] | None = None
+    #: A tenant member's token, renewed and watched for revocation (federation.members.tokens).
+    keeper: TokenKeeper | None = None
+    keeper_task: asyncio.Task[None] | None = None
+    store: TokenStore | None = None  # where its token is kept (its kubeconfig Secret)
     summary: MemberCapacity | None = None
     reachable: bool = True
     outage: outages.Outage | None = None  # unreachable past the grace: since when, lost or not
@@ -185,6 +190,11 @@ class Member:
         if self.draining:
             entry["draining"] = True
         return entry
+
+    @property
+    def lends(self) -> bool:
+        """Reachable, and its credential accepted: our pods can go there now."""
+        return self.reachable and not (self.keeper is not None and self.keeper.rejected)
 
     @property
     def serves_pods(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -22,8 +23,9 @@ from federation import labels, podsecurity
 from federation.config import CapacityConfig, MemberConfig, ReclaimConfig, TenancyConfig
 from federation.members import outages
 from federation.members.member import Member
+from federation.members.tokens import TokenStore
 from vkprovider import logs
-from vkprovider.kube import ApiError, ClusterAccess, KubeClient, NotFound
+from vkprovider.kube import ApiError, ClusterAccess, Conflict, KubeClient, NotFound
 from vkprovider.kube.access import KubeconfigError, parse_kubeconfig
 from vkprovider.podstatus import now_rfc3339
 from vkprovider.provider import ProviderError
@@ -41,7 +43,14 @@ class MemberSet(Protocol):
     members: dict[str, Member]
     started: asyncio.Event
 
-    def add_member(self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False) -> None: ...
+    def add_member(
+        self,
+        config: MemberConfig,
+        access: ClusterAccess | None,
+        *,
+        from_object: bool = False,
+        store: TokenStore | None = None,
+    ) -> None: ...
 
     def remove_member(self, name: str, *, quiet: bool = False) -> None: ...
 
@@ -97,7 +106,8 @@ class MemberObjects:
         if existing is not None and what == "in_place":
             self._members.reconfigure(existing, config)
         elif what in ("add", "drain"):  # a drain with none of our pods there: at once
-            self._members.add_member(config, access, from_object=True)
+            store = KubeconfigSecret(self._client, obj) if config.tenancy is not None and access else None
+            self._members.add_member(config, access, from_object=True, store=store)
 
     def _gone(self, name: str) -> None:
         member = self._members.members.get(name)
@@ -156,11 +166,17 @@ class MemberObjects:
             reachable = member.reachable and member.config.enabled
             reason = "Reachable" if reachable else ("Disabled" if not member.config.enabled else "Unreachable")
             message = "member answers" if reachable else (source.last_error or "no answer from the member")
+            conditions = [_condition("Reachable", reachable, reason, message, "")]
+            ready = (reachable and source.synced.is_set(), reason, message)
+            keeper = member.keeper
+            if keeper is not None:
+                accepted = not keeper.rejected
+                reason = "Accepted" if accepted else "Rejected"
+                conditions.append(_condition("Credential", accepted, reason, keeper.describe(), ""))
+                if not accepted:
+                    ready = (False, "CredentialRejected", keeper.describe())
             status: dict[str, Any] = {
-                "conditions": [
-                    _condition("Reachable", reachable, reason, message, ""),
-                    _condition("Ready", reachable and source.synced.is_set(), reason, message, ""),
-                ],
+                "conditions": [*conditions, _condition("Ready", *ready, "")],
                 "capacity": member.summary.to_json() if member.summary and reachable else {},
             }
             comparable = json.dumps(status, sort_keys=True)
@@ -225,6 +241,54 @@ async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterA
         raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig")
     # Files and exec commands named by a kubeconfig from a Secret are this process's.
     return parse_kubeconfig(doc, base=Path("/"), name=who)
+
+
+class KubeconfigSecret:
+    """A member's kubeconfig Secret in the front end, as the store of its renewed token
+    (federation.members.tokens): a restarted provider starts from the newest token."""
+
+    def __init__(self, front: KubeClient, obj: dict[str, Any]) -> None:
+        ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
+        self._front = front
+        self._path = f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}"
+        self._key = ref.get("key") or "kubeconfig"
+
+    async def _read(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        secret = await self._front.get(self._path)
+        try:
+            doc = yaml.safe_load(base64.b64decode((secret.get("data") or {}).get(self._key, "")))
+        except (ValueError, yaml.YAMLError):
+            return None
+        return (secret, doc) if isinstance(doc, dict) else None
+
+    @staticmethod
+    def _user(doc: dict[str, Any]) -> dict[str, Any] | None:
+        """The kubeconfig's user of its current context."""
+        contexts = {c.get("name"): c.get("context") or {} for c in doc.get("contexts") or []}
+        wanted = contexts.get(doc.get("current-context"), {}).get("user")
+        for user in doc.get("users") or []:
+            if user.get("name") == wanted and isinstance(user.get("user"), dict):
+                return dict(user["user"])
+        return None
+
+    async def load(self) -> str | None:
+        found = await self._read()
+        user = self._user(found[1]) if found else None
+        return str(user["token"]) if user and user.get("token") else None
+
+    async def save(self, token: str) -> None:
+        found = await self._read()
+        if found is None:
+            return
+        secret, doc = found
+        wanted = self._user(doc)
+        for user in doc.get("users") or []:
+            if wanted is not None and user.get("user") == wanted:
+                user["user"]["token"] = token
+        encoded = base64.b64encode(yaml.safe_dump(doc).encode()).decode()
+        body = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]}, "data": {self._key: encoded}}
+        with contextlib.suppress(Conflict):  # written meanwhile (onboarding rotated it): that one stands
+            await self._front.patch(self._path, body)
 
 
 def same_connection(a: MemberConfig, b: MemberConfig) -> bool:

@@ -44,6 +44,7 @@ from federation.tenancy import policy
 from federation.tenancy.policy import TenancyError
 from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError
+from vkprovider.kube.credentials import token_claims
 
 MEMBER, FRONT = "member", "front end"
 POLL = 1.0
@@ -137,17 +138,6 @@ def _content(obj: dict[str, Any]) -> dict[str, Any]:
 
 def _owned_by(current: dict[str, Any], tenant: str) -> bool:
     return (current["metadata"].get("labels") or {}).get(policy.TENANT) == tenant
-
-
-def token_claims(token: str) -> dict[str, Any]:
-    """The payload of a service account token (a JWT); {} when it is not one."""
-    try:
-        payload = token.split(".")[1]
-        decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
-        claims = json.loads(decoded)
-    except (IndexError, ValueError):
-        return {}
-    return claims if isinstance(claims, dict) else {}
 
 
 def token_is_current(kubeconfig_text: str, *, server: str, binding_uid: str, ttl: float, now: float) -> str:

@@ -60,7 +60,9 @@ class _Members:
         self.drains = drains
         self.calls: list[str] = []
 
-    def add_member(self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False) -> None:
+    def add_member(
+        self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False, store: Any = None
+    ) -> None:
         self.calls.append(f"add enabled={config.enabled}")
 
     def remove_member(self, name: str, *, quiet: bool = False) -> None:

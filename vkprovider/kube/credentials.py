@@ -21,6 +21,7 @@ writes much to stderr blocks), and reports a missing command as a bare `FileNotF
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import json
 import os
@@ -155,6 +156,46 @@ class TokenFile:
         if self.version == rejected:
             self._read()
         return self.version != rejected
+
+
+class HeldToken:
+    """A bearer token its owner replaces while the process runs (a service-account token renewed
+    through TokenRequest, federation.members.tokens); every client built on it picks the new one
+    up with its next request."""
+
+    tls_version = 0
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+        self.version = 0
+
+    def stale(self) -> bool:
+        return False  # renewed by its owner, ahead of time
+
+    def token(self) -> str | None:
+        return self._token
+
+    def client_cert(self) -> tuple[bytes, bytes] | None:
+        return None
+
+    def replace(self, token: str) -> None:
+        if token != self._token:
+            self._token = token
+            self.version += 1
+
+    async def refresh(self, *, rejected: int | None = None) -> bool:
+        return rejected is not None and self.version != rejected
+
+
+def token_claims(token: str) -> dict[str, Any]:
+    """The payload of a service-account token (a JWT), unverified; {} when it is not one."""
+    try:
+        payload = token.split(".")[1]
+        decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        claims = json.loads(decoded)
+    except (IndexError, ValueError):
+        return {}
+    return claims if isinstance(claims, dict) else {}
 
 
 class ExecPlugin:
