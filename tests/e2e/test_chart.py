@@ -43,7 +43,7 @@ DOCUMENTED = {
     "pods/status": {"patch"},
     "events": {"create"},
     "configmaps": {"get"},
-    "secrets": {"get"},
+    "secrets": {"get", "patch"},  # patch: a tenant member's renewed token written back
     "services": {"list"},
     "namespaces": {"get"},  # kube-system only: the front end's identity
     "tokenreviews.authentication.k8s.io": {"create"},
