@@ -204,8 +204,10 @@ class MemberPods:
 
     def relist(self) -> Relist:
         """A fresh list of our pods, taken in pages (vkprovider.kube.relist): each put as it
-        comes, then what is gone since dropped."""
-        return Relist(self._listed_one, self._listed)
+        comes, then what is gone since dropped. Only pods known before the list began can be
+        gone: one we create meanwhile may be younger than the list, and its watch reports it."""
+        before = set(self.by_origin)
+        return Relist(self._listed_one, lambda seen: self._listed(seen, before))
 
     def listed(self, items: list[dict[str, Any]]) -> None:
         """A fresh list of our pods, whole."""
@@ -217,8 +219,8 @@ class MemberPods:
         self._put(pod)
         return self.origin(pod)
 
-    def _listed(self, seen: set[str]) -> None:
-        for _, pod in self.by_origin.scan([k for k in self.by_origin if k not in seen]):
+    def _listed(self, seen: set[str], before: set[str]) -> None:
+        for _, pod in self.by_origin.scan([k for k in before - seen if k in self.by_origin]):
             self._drop(pod)
         self.synced.set()
         self.failing = False
@@ -228,10 +230,11 @@ class MemberPods:
     def relist_in(self, namespace: str) -> Relist:
         """A fresh list of our pods in one member namespace: what is gone from it since is
         dropped (the scope lists each namespace apart)."""
-        return Relist(self._listed_one, lambda seen: self._relisted_in(namespace, seen))
+        before = {k for k, ns in self._namespace_of.items() if ns == namespace}
+        return Relist(self._listed_one, lambda seen: self._relisted_in(seen, before))
 
-    def _relisted_in(self, namespace: str, seen: set[str]) -> None:
-        gone = [k for k, ns in self._namespace_of.items() if ns == namespace and k not in seen]
+    def _relisted_in(self, seen: set[str], before: set[str]) -> None:
+        gone = [k for k in before - seen if k in self.by_origin]
         for _, pod in self.by_origin.scan(gone):
             self._drop(pod)
         self.failing = False

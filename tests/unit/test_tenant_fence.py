@@ -105,3 +105,19 @@ def test_a_tenants_pods_are_relisted_namespace_by_namespace() -> None:
     assert sorted(pods.by_origin) == ["front/a1", "front/b0"]
     pods.follow("t1-c")
     assert pods.scope is not None and pods.scope.namespaces == {"t1-c"}
+
+
+def test_a_pod_created_while_its_namespace_is_listed_is_not_taken_for_gone() -> None:
+    """A namespace's first list can be in flight while the first pod goes there: the pod, younger
+    than the list, is reported by the watch that follows; it must not be dropped (and its
+    front-end pod failed as taken away) because the list did not hold it."""
+    owner = labels.Owner("vk", "fe")
+    pods = MemberPods("m1", None, owner=owner, on_change=lambda key, phase: None, scope=NamespaceScope(registry="r"))  # type: ignore[arg-type]
+    into = pods.relist_in("t1-a")
+    pods.created(_member_pod("new", "t1-a", owner))
+    into.done()
+    assert list(pods.by_origin) == ["front/new"] and not pods.tombstones
+    whole = pods.relist()
+    pods.created(_member_pod("newer", "t1-a", owner))
+    whole.done()  # the list held neither: "new" is gone, "newer" is younger than the list
+    assert list(pods.by_origin) == ["front/newer"]
