@@ -83,6 +83,11 @@ class Lender(Protocol):
     def reachable(self) -> bool: ...
 
     @property
+    def lends(self) -> bool:
+        """Reachable, and our pods can go there (its credential accepted)."""
+        ...
+
+    @property
     def summary(self) -> MemberCapacity | None: ...
 
 
@@ -157,7 +162,7 @@ def node_status(members: list[Lender], instance: str, per_member: bool) -> NodeS
         summary = member.summary
         if not member.reachable:
             unreachable.append(member.name)
-        if summary is None or not member.reachable:
+        if summary is None or not member.lends:
             continue
         total = quantities.add(total, summary.capacity)
         models |= {m for m, n in summary.gpus_total_by_model.items() if n}
