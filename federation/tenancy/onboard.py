@@ -589,8 +589,11 @@ MEMBER_KINDS = [
     "ValidatingAdmissionPolicy",
     "ServiceAccount",
     "Secret",
+    "ConfigMap",
+    "Role",
     "RoleBinding",
     "ResourceQuota",
+    "NetworkPolicy",
 ]
 
 

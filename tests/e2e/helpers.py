@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -120,3 +123,51 @@ async def service_account_kubeconfig(
             }
         )
     )
+
+
+@contextlib.contextmanager
+def capacity_agents(lab: Any, members: list[str], workdir: Path) -> Iterator[dict[str, str]]:
+    """The members' capacity agents (`federation agent`, run with each member's admin
+    kubeconfig as its owner would), as processes beside the test: member -> address."""
+    children: list[subprocess.Popen[bytes]] = []
+    addresses = {}
+    try:
+        for member in members:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                addresses[member] = f"127.0.0.1:{sock.getsockname()[1]}"
+            with open(workdir / f"agent-{member}.log", "wb") as log:
+                children.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable, "-m", "federation.cli", "agent",
+                            "--kubeconfig", str(lab.kubeconfig(member)), "--listen", addresses[member],
+                            "--member", member, "--heartbeat", "1", "--log-format", "json",
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )  # fmt: skip
+        yield addresses
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait(10)
+
+
+async def can_i(client: KubeClient, namespace: str) -> dict[str, set[str]]:
+    """What `kubectl auth can-i --list -n namespace` shows for the client's account (the same
+    SelfSubjectRulesReview), as resource[.group][/subresource] -> verbs."""
+    review = await client.create(
+        "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+        {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "spec": {"namespace": namespace}},
+    )
+    rules: dict[str, set[str]] = {}
+    for rule in review["status"].get("resourceRules", []):
+        for group in rule.get("apiGroups") or [""]:
+            for resource in rule.get("resources") or []:
+                name, _, sub = resource.partition("/")
+                key = (name if group == "" else f"{name}.{group}") + (f"/{sub}" if sub else "")
+                rules.setdefault(key, set()).update(rule.get("verbs") or [])
+    return rules

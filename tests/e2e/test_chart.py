@@ -22,7 +22,14 @@ import yaml
 from e2e import binaries
 from e2e.fixtures import Lab
 from federation import labels
-from tests.e2e.helpers import eventually, install_member_cluster_crd, make_namespace, pods, service_account_kubeconfig
+from tests.e2e.helpers import (
+    can_i,
+    eventually,
+    install_member_cluster_crd,
+    make_namespace,
+    pods,
+    service_account_kubeconfig,
+)
 from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient, NotFound, load_kubeconfig
@@ -225,25 +232,9 @@ def test_the_drain_hook_runs_before_deletion() -> None:
 
 
 async def _can_i(kubeconfig: Path, namespace: str) -> dict[str, set[str]]:
-    """What `kubectl auth can-i --list -n namespace` shows for the kubeconfig's account (the same
-    SelfSubjectRulesReview), as resource[.group][/subresource] -> verbs."""
+    """What `kubectl auth can-i --list -n namespace` shows for the kubeconfig's account."""
     async with KubeClient(load_kubeconfig(kubeconfig)) as client:
-        review = await client.create(
-            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
-            {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SelfSubjectRulesReview",
-                "spec": {"namespace": namespace},
-            },
-        )
-    rules: dict[str, set[str]] = {}
-    for rule in review["status"].get("resourceRules", []):
-        for group in rule.get("apiGroups") or [""]:
-            for resource in rule.get("resources") or []:
-                name, _, sub = resource.partition("/")
-                key = (name if group == "" else f"{name}.{group}") + (f"/{sub}" if sub else "")
-                rules.setdefault(key, set()).update(rule.get("verbs") or [])
-    return rules
+        return await can_i(client, namespace)
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,8 +20,8 @@ import pytest_asyncio
 from e2e import audit, online
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
-from tests.e2e.helpers import eventually, install_member_cluster_crd
-from tests.e2e.vk import VkProcess, free_port
+from tests.e2e.helpers import capacity_agents, eventually, install_member_cluster_crd
+from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -324,34 +322,7 @@ def _summary_of(view_member: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_agent_mode_equals_direct_mode(lab: Lab, tmp_path: Path, started: list[VkProcess]) -> None:
-    agents: list[subprocess.Popen[bytes]] = []
-    addresses = {}
-    try:
-        for member in lab.members:
-            port = free_port()
-            addresses[member] = f"127.0.0.1:{port}"
-            agents.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "federation.cli",
-                        "agent",
-                        "--kubeconfig",
-                        str(lab.kubeconfig(member)),
-                        "--listen",
-                        addresses[member],
-                        "--member",
-                        member,
-                        "--heartbeat",
-                        "1",
-                        "--log-format",
-                        "json",
-                    ],
-                    stdout=open(tmp_path / f"agent-{member}.log", "wb"),  # noqa: SIM115 - the child's log
-                    stderr=subprocess.STDOUT,
-                )
-            )
+    with capacity_agents(lab, lab.members, tmp_path) as addresses:
         direct = federation_vk(lab, tmp_path, lab.members)
         via_agent = federation_vk(lab, tmp_path, lab.members)
         via_agent.overrides["provider.federation"] = {
@@ -391,11 +362,6 @@ async def test_agent_mode_equals_direct_mode(lab: Lab, tmp_path: Path, started: 
             assert all(m["source"] == "agent" and m["reachable"] for m in view["members"].values())
         finally:
             await online.set_load(member_1, cpu_share=0, wait=True, name="agent-cmp")
-    finally:
-        for agent in agents:
-            agent.terminate()
-        for agent in agents:
-            agent.wait(10)
 
 
 async def test_one_virtual_node_per_member(

@@ -22,7 +22,14 @@ from e2e.fixtures import Lab
 from federation import labels
 from federation.tenancy import policy as tenancy
 from federation.tenancy.onboard import KINDS, collection
-from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
+from tests.e2e.helpers import (
+    capacity_agents,
+    delete_namespace,
+    eventually,
+    install_member_cluster_crd,
+    make_namespace,
+    pods,
+)
 from tests.e2e.test_federation_capacity import PUBLISH_INTERVAL, UNREACHABLE_GRACE
 from tests.e2e.test_outages import plain_pod
 from tests.e2e.vk import VkProcess
@@ -133,16 +140,22 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
     ns_a = await make_namespace(offline, f"work-{a}")
     ns_b = await make_namespace(offline, f"work-{b}")
     procs: list[VkProcess] = []
+    stack = contextlib.ExitStack()
+    agents = stack.enter_context(capacity_agents(lab, list(MEMBERS), tmp_path))
+
+    def onboarding(tenant: str, member: str) -> list[str]:
+        return [*clusters(lab, tenant, member), "--agent-address", agents[member]]
+
     try:
         # A dry run prints the plan and changes nothing.
-        rc, out = await cli("onboard", *clusters(lab, a, "member-1"), "--dry-run")
+        rc, out = await cli("onboard", *onboarding(a, "member-1"), "--dry-run")
         assert rc == 0, out
         assert "ValidatingAdmissionPolicy" in out and "create" in out and "(dry run)" in out, out
         assert await labelled(lab, a) == {}
 
         results = await asyncio.gather(
-            *[cli("onboard", *clusters(lab, a, m)) for m in MEMBERS],
-            *[cli("onboard", *clusters(lab, b, m), "--quota", f"cpu={QUOTA_CPU}") for m in MEMBERS],
+            *[cli("onboard", *onboarding(a, m)) for m in MEMBERS],
+            *[cli("onboard", *onboarding(b, m), "--quota", f"cpu={QUOTA_CPU}") for m in MEMBERS],
         )
         for rc, out in results:
             assert rc == 0, out
@@ -150,7 +163,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
         # Again: nothing changes, to the resourceVersion.
         before = await labelled(lab, a)
         assert {k[:2] for k in before} >= {("member-1", "ClusterRole"), ("offline", "MemberCluster")}
-        rc, out = await cli("onboard", *clusters(lab, a, "member-1"))
+        rc, out = await cli("onboard", *onboarding(a, "member-1"))
         assert rc == 0 and "changed 0 of" in out, out
         assert await labelled(lab, a) == before
 
@@ -267,6 +280,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
                 await cli("offboard", *clusters(lab, tenant, member), "--force")
         for ns in (ns_a, ns_b):
             await delete_namespace(offline, ns)
+        stack.close()
         for proc in procs:
             with contextlib.suppress(NotFound):
                 await offline.delete(f"/api/v1/nodes/{proc.node}")
