@@ -52,11 +52,13 @@ class NamespaceScope:
 
     async def run(self, pods: MemberPods, client: KubeClient, *, watch: bool) -> None:
         """Read the registry, then (with `watch`) follow our pods in every namespace until cancelled."""
-        self._pods, self._client = pods, client
+        self._pods = pods
         self.namespaces |= await self._recorded(client)
         if not watch:
             await asyncio.Event().wait()  # until cancelled: the capacity watch feeds the pods
+        # From here on a namespace readied is followed at once; before, it is only recorded.
         self._unlisted = set(self.namespaces)
+        self._client = client
         if not self._unlisted:
             pods.synced.set()
         try:
@@ -76,7 +78,7 @@ class NamespaceScope:
             self._start(namespace)
 
     def _start(self, namespace: str) -> None:
-        if namespace in self._tasks or self._pods is None:
+        if namespace in self._tasks or self._pods is None or self._client is None:
             return
         self._tasks[namespace] = asyncio.get_running_loop().create_task(
             self._watch(namespace), name=f"federation/pods/{self._pods.name}/{namespace}"
