@@ -42,7 +42,7 @@ from federation.config import ReclaimConfig
 from federation.podsecurity import Level
 from federation.tenancy import policy
 from federation.tenancy.policy import TenancyError
-from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, KubeClient, NotFound, load_kubeconfig
+from vkprovider.kube import AlreadyExists, ApiError, ClusterAccess, Forbidden, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import KubeconfigError
 from vkprovider.kube.credentials import token_claims
 
@@ -442,20 +442,35 @@ def first_use(tenant: str, access: Access) -> list[Check]:
 GRANT_WAIT = 30.0  # seconds for new RBAC objects to reach the member's authorizer
 
 
-async def _granted(member_access: ClusterAccess, token: str, needs: list[Check]) -> None:
-    """Wait until the member allows the new token what the provider does first. A RoleBinding
-    or ClusterRoleBinding takes effect when the apiserver's informer brings it, a moment after
-    its create: a provider started at once could be refused, and a refusal in its log is a
-    false alarm for whoever reads it."""
+async def _fenced(client: KubeClient, tenant: str) -> bool:
+    """Whether the member's admission policy holds the tenant in now: a RoleBinding of its own
+    role in a namespace not its own (dry run) is refused by the policy, not admitted."""
+    probe = policy.role_binding(tenant, "default")
+    try:
+        await client.create(
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", probe, params={"dryRun": "All"}
+        )
+    except Forbidden as exc:
+        return "ValidatingAdmissionPolicy" in str(exc)
+    return False
+
+
+async def _granted(member_access: ClusterAccess, token: str, needs: list[Check], *, tenant: str) -> None:
+    """Wait until the member allows the new token what the provider does first, and its
+    admission policy holds the token in. A RoleBinding takes effect when the apiserver's
+    informer brings it, and an admission policy when its own does, moments after their creates:
+    a provider started at once could be refused (a false alarm in its log), and, worse, a
+    credential handed over before the policy is in effect could bind itself anywhere."""
     access = dataclasses.replace(
         member_access, token=token, token_file=None, credentials=None, cert_data=None, key_data=None
     )
     deadline = time.monotonic() + GRANT_WAIT
     async with KubeClient(access, user_agent="vkprovider-onboard") as client:
-        while missing := await _allowed(client, needs):
+        while (missing := await _allowed(client, needs)) or not await _fenced(client, tenant):
             if time.monotonic() > deadline:
+                what = f"still refused {', '.join(missing)}" if missing else "not yet held by the admission policy"
                 raise OnboardError(
-                    f"the tenant's new credential is still refused {', '.join(missing)} after {GRANT_WAIT:.0f}s; "
+                    f"the tenant's new credential is {what} after {GRANT_WAIT:.0f}s; "
                     "the member's objects are written, the front end's are not: run onboard again"
                 )
             await asyncio.sleep(POLL / 10)
@@ -534,7 +549,7 @@ async def onboard(
             await _write(member, step)
         if secret_step.action in ("create", "rotate"):
             token, _ = await _token(clusters, tenant, access.token_seconds)
-            await _granted(member_access, token, first_use(tenant, access))
+            await _granted(member_access, token, first_use(tenant, access), tenant=tenant)
             config = policy.kubeconfig(
                 server=server, ca_data=member_access.ca_data, token=token, name=f"{name}-{tenant}"
             )
@@ -689,6 +704,14 @@ async def offboard(
                 with contextlib.suppress(NotFound):
                     await member.delete(path_of(item))
                 done.append(f"member: deleted {kind} {item['metadata']['name']}")
+        # A binding of the tenant's role outside its namespaces (made before the member's policy
+        # held, or by hand) would outlive them: every one of them goes too.
+        for item in await _labelled(member, "RoleBinding", tenant):
+            if (item.get("roleRef") or {}).get("name") == policy.namespaced_role(tenant):
+                with contextlib.suppress(NotFound):
+                    await member.delete(path_of(item))
+                meta = item["metadata"]
+                done.append(f"member: deleted RoleBinding {meta.get('namespace')}/{meta['name']}")
         mark = policy.uses_label(tenant)
         marked = await member.list(collection("PriorityClass"), params={"labelSelector": mark})
         for item in marked["items"]:

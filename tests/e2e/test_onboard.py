@@ -254,6 +254,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
         async with await credential(offline, b, member_b) as cred_b:
             big = tenant_pod("big", "")
             big["spec"]["priorityClassName"] = "vkprovider-worker-max"
+            big["spec"]["tolerations"] = []  # within the member's fence: only the quota refuses it
             big["spec"]["containers"][0]["resources"] = {"requests": {"cpu": str(QUOTA_CPU + 1)}}
             said = await refused(cred_b.create(f"/api/v1/namespaces/{b_ns}/pods", big), "exceed the quota")
             assert "exceeded quota" in said, said
