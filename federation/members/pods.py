@@ -260,27 +260,37 @@ class MemberPods:
     async def run(self, *, watch: bool = True) -> None:
         """Hold the member client (for our writes) and, with `watch`, list and watch our pods;
         without, the feed comes from elsewhere (`listed`, `event`, `failed`)."""
-        params = {"labelSelector": self.owner.selector()}
         async with KubeClient(self.access, user_agent=f"vkprovider-dispatch/{self.name}", fence=self._fence) as client:
             self.client = client
             if self.scope is not None:
                 await self.scope.run(self, client, watch=watch)
             if not watch:
                 await asyncio.Event().wait()  # until cancelled
-            failures = 0
-            while True:
-                try:
-                    rv = await relist(client, "/api/v1/pods", self.relist(), params=params)
-                    failures = 0
-                    while True:
-                        async for event in client.watch("/api/v1/pods", resource_version=rv, params=params):
-                            obj = event["object"]
-                            rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                            if event["type"] != "BOOKMARK":
-                                self.event(event["type"], obj)
-                except Gone:
-                    continue
-                except ApiError as exc:
-                    failures += 1
-                    self.failed(exc)
-                    await asyncio.sleep(min(5.0, 0.25 * 2**failures))
+            await self.list_and_watch(client, "/api/v1/pods", self.relist)
+
+    async def list_and_watch(
+        self, client: KubeClient, path: str, into: Callable[[], Relist], *, listed: Callable[[], None] | None = None
+    ) -> None:
+        """List our pods at `path` (into `into()`), then watch them, until cancelled: an expired
+        watch lists again, a failure is reported (`failed`) and retried with backoff; `listed`
+        is told after each list."""
+        params = {"labelSelector": self.owner.selector()}
+        failures = 0
+        while True:
+            try:
+                rv = await relist(client, path, into(), params=params)
+                failures = 0
+                if listed is not None:
+                    listed()
+                while True:
+                    async for event in client.watch(path, resource_version=rv, params=params):
+                        obj = event["object"]
+                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        if event["type"] != "BOOKMARK":
+                            self.event(event["type"], obj)
+            except Gone:
+                continue
+            except ApiError as exc:
+                failures += 1
+                self.failed(exc)
+                await asyncio.sleep(min(5.0, 0.25 * 2**failures))

@@ -18,13 +18,12 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from vkprovider import logs
-from vkprovider.kube import ApiError, Gone, KubeClient
-from vkprovider.kube.relist import relist
+from vkprovider.kube import ApiError, KubeClient
 
 if TYPE_CHECKING:
     from federation.members.pods import MemberPods
 
-#: Seconds between attempts to read the registry, and the longest pause after a failed watch.
+#: Seconds between attempts to read the registry.
 RETRY = 5.0
 
 
@@ -87,26 +86,15 @@ class NamespaceScope:
     async def _watch(self, namespace: str) -> None:
         pods, client = self._pods, self._client
         assert pods is not None and client is not None
-        path = f"/api/v1/namespaces/{namespace}/pods"
-        params = {"labelSelector": pods.owner.selector()}
-        failures = 0
-        while True:
-            try:
-                rv = await relist(client, path, pods.relist_in(namespace), params=params)
-                failures = 0
-                if namespace in self._unlisted:
-                    self._unlisted.discard(namespace)
-                    if not self._unlisted:  # each namespace known at the start listed once
-                        pods.synced.set()
-                while True:
-                    async for event in client.watch(path, resource_version=rv, params=params):
-                        obj = event["object"]
-                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                        if event["type"] != "BOOKMARK":
-                            pods.event(event["type"], obj)
-            except Gone:
-                continue
-            except ApiError as exc:
-                failures += 1
-                pods.failed(exc)
-                await asyncio.sleep(min(RETRY, 0.25 * 2**failures))
+        await pods.list_and_watch(
+            client,
+            f"/api/v1/namespaces/{namespace}/pods",
+            lambda: pods.relist_in(namespace),
+            listed=lambda: self._listed(namespace, pods),
+        )
+
+    def _listed(self, namespace: str, pods: MemberPods) -> None:
+        if namespace in self._unlisted:
+            self._unlisted.discard(namespace)
+            if not self._unlisted:  # each namespace known at the start listed once
+                pods.synced.set()
