@@ -2,7 +2,7 @@
 pods run in.
 
 Pure: policy (the objects onboarding creates in a member: namespaces, account, roles,
-admission policy, quota). I/O: namespaces (a member namespace made ready for our pods: Pod
+admission policy, quota, NetworkPolicy, and the fence they enforce). I/O: namespaces (a member namespace made ready for our pods: Pod
 Security labels, service account, a tenant's RoleBinding and quota; dispatch reaches it as its
 NamespaceFence), onboard (`vkprovider onboard` and `offboard`).
 
