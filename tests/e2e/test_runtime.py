@@ -743,6 +743,7 @@ async def test_a_pod_that_starts_at_once_is_reported_once(offline: KubeClient, v
             await asyncio.sleep(0.3)
             await offline.create(f"/api/v1/namespaces/{ns}/pods", vk_pod(name, proc.node))
             assert await asyncio.wait_for(watching, timeout=40) == expected
+
         # Observed once the status write has returned, which the watch above can see first.
         async def lagged() -> float | None:
             lag = await slow.metric("vkprovider_status_lag_seconds_count")
