@@ -321,10 +321,8 @@ async def _grant_nodes_proxy(client: KubeClient, user: str) -> None:
         ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
         ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
     ):
-        try:
+        with contextlib.suppress(AlreadyExists):  # made by an earlier run against this lab
             await client.create(path, body)
-        except Exception:
-            pass
 
 
 @pytest.mark.shares_lab
