@@ -212,6 +212,12 @@ class FederationConfig(_Model):
         120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
     )
     publish_interval: float = Field(0.5, description="Seconds between capacity recomputations at most.")
+    kept_log_bytes: int = Field(
+        1 << 20,
+        ge=0,
+        description="Bytes of each container's log kept when a member pod of ours is reclaimed or deleted "
+        "in the member, served by `kubectl logs` on the Failed front-end pod (0: none kept).",
+    )
     token_renew_after: float = Field(
         0.5,
         gt=0,

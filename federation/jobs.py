@@ -63,6 +63,12 @@ class JobRef:
     def key(self) -> str:
         return f"{self.namespace}/{self.source}/{self.name}"
 
+    @classmethod
+    def parse(cls, key: str) -> JobRef:
+        """The job a key names (the inverse of `key`; member pods carry it as an annotation)."""
+        namespace, source, name = [*key.split("/", 2), "", ""][:3]
+        return cls(namespace, source, name)
+
 
 @dataclass(frozen=True, slots=True)
 class GangSpec:

@@ -43,8 +43,23 @@ COLOCATION_RESOURCES = {
 RECLAIM_AT = "vkprovider.io/reclaim-at"
 RECLAIM_REASON = "vkprovider.io/reclaim-reason"
 LAST_RECLAIM = "vkprovider.io/last-reclaim"
+#: When the notice was given (RFC 3339), on both pods: the start its period and any extension
+#: count from, after a restart too.
+RECLAIM_NOTICED_AT = "vkprovider.io/reclaim-noticed-at"
+#: On every pod of a job with pods under notice, native ones included: which pods leave and
+#: when (JSON), so an elastic trainer can re-form before SIGTERM.
+RECLAIM_NOTICE = "vkprovider.io/reclaim-notice"
 #: Notice period a pod (or its job's PodGroup) asks for, in seconds.
 CHECKPOINT_SECONDS = "vkprovider.io/checkpoint-seconds"
+#: Set by the workload on its front-end pod under notice: its checkpoint is written (release
+#: the pod now), or how many seconds more its checkpoint needs (up to the member's maximum).
+CHECKPOINTED_AT = "vkprovider.io/checkpointed-at"
+CHECKPOINT_EXTEND = "vkprovider.io/checkpoint-extend"
+#: On a front-end pod ended by a disruption: its job was told (PodsReclaimed, last-reclaim).
+JOB_TOLD = "vkprovider.io/job-told"
+#: A hybrid job's policy when its virtual part falls below the gang minimum: "keep" (report
+#: only, the default) or "end" (its native pods are ended too), on the PodGroup or the pods.
+SPLIT_GANG = "vkprovider.io/split-gang"
 #: On member pods: the pod's band and its job's gang minimum, so a restarted provider can plan
 #: without the front end.
 BAND = "vkprovider.io/band"

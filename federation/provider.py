@@ -31,8 +31,10 @@ from federation.config import FederationConfig, MemberConfig
 from federation.dispatch.dispatcher import Dispatcher
 from federation.dispatch.gang import GangMetrics
 from federation.dispatch.webhook import RoutingWebhook
+from federation.members import disruption
 from federation.members.announcer import Announcer
 from federation.members.fleet import Fleet, SourceFactory
+from federation.members.lastlogs import LastLogs
 from federation.members.member import CapacitySource, DirectSource, Member
 from federation.members.objects import MemberObjects, front_end_uid
 from federation.members.orphans import OrphanReconciler
@@ -47,6 +49,7 @@ from federation.streams.session import StreamLimits
 from federation.tenancy.namespaces import MemberNamespaces
 from federation.view import page
 from federation.view.tide import FleetMetrics, Tide, TideMetrics
+from vkprovider import podstatus
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ClusterAccess, KubeClient
 from vkprovider.objects import Pod, PodStatus, pod_key
@@ -100,7 +103,11 @@ class FederationProvider:
             draining=self.fleet.draining,
             virtual_nodes=self.node_names,
         )
-        self.reclaimer = Reclaimer(members=self.fleet.serving, instance=node_name)
+        self.last_logs = LastLogs(per_pod=config.kept_log_bytes)
+        self.reclaimer = Reclaimer(members=self.fleet.serving, instance=node_name, keep_logs=self.last_logs.keep)
+        self.reclaimer.job_notices.native_pods = self.dispatcher.native_pods.pods
+        self.reclaimer.reports.split.native_pods = self.dispatcher.native_pods.pods
+        self.reclaimer.reports.split.gang_min = self._gang_min
         self.orphans = OrphanReconciler(
             members=self.fleet.serving, node_of=self.nodes.node_of, interval=config.orphan_interval
         )
@@ -111,6 +118,11 @@ class FederationProvider:
         )
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
         self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
+
+    def _gang_min(self, job_key: str) -> int | None:
+        """A dispatched job's whole gang minimum (native and virtual pods together)."""
+        job = self.dispatcher.jobs.get(job_key)
+        return job.gang.min_member if job is not None and job.gang.is_gang else None
 
     # -- members (federation.members) -----------------------------------------------------------
 
@@ -263,6 +275,7 @@ class FederationProvider:
     def read_pod_cache(self, pods: PodStore[Pod], listed: asyncio.Event) -> None:
         """The dispatcher's front-end pods and the orphan check read the runtime's cache."""
         self.dispatcher.front_pods.attach(pods)
+        self.reclaimer.front_pods, self.reclaimer.front_listed = pods, listed
         self.orphans.follow(pods, listed)
 
     def notify_pods(self, callback: PodChanged) -> None:
@@ -289,10 +302,28 @@ class FederationProvider:
             raise ProviderError(f"pods of members {', '.join(waiting)} are not known yet")
 
     async def get_pod(self, namespace: str, name: str) -> Pod | None:
-        pod = self.dispatcher.reports.pod(f"{namespace}/{name}")
+        key = f"{namespace}/{name}"
+        pod = self.dispatcher.reports.pod(key)
         if pod is None:
             self._unknown_yet()
+            pod = self._gone_while_down(key)
         return pod
+
+    def _gone_while_down(self, key: str) -> Pod | None:
+        """A front-end pod that ran in a member whose member pod went away while no provider
+        watched: taken away, never ProviderPodLost (federation.members.disruption)."""
+        front = self.dispatcher.front_pods.get(key)
+        if front is None or not podstatus.is_accepted(front) or podstatus.is_terminal(front):
+            return None
+        member = (front["metadata"].get("annotations") or {}).get(labels.MEMBER)
+        if not member or member not in self.fleet.serving():
+            return None
+        what = disruption.gone_unseen(front, member=member)
+        return {
+            "metadata": front["metadata"],
+            "spec": front["spec"],
+            "status": disruption.disrupted_status(front, what),
+        }
 
     async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
         status = self.dispatcher.reports.status(f"{namespace}/{name}")[1]
@@ -313,7 +344,7 @@ class FederationProvider:
         self, namespace: str, name: str, container: str, options: LogOptions
     ) -> AsyncIterator[bytes]:
         """The member pod's log, relayed as it arrives."""
-        async for chunk in logs.stream(self.dispatcher.reports, namespace, name, container, options):
+        async for chunk in logs.stream(self.dispatcher.reports, namespace, name, container, options, self.last_logs):
             yield chunk
 
     async def exec_in_container(

@@ -25,7 +25,11 @@ class EventRecorder:
         self._recent: TTLCache[tuple[str, str, str], bool] = TTLCache(maxsize=10000, ttl=dedupe_seconds)
         self._log = logs.get("events", node=host)
 
-    async def emit(self, obj: Mapping[str, Any], *, reason: str, message: str, warning: bool = False) -> None:
+    async def emit(
+        self, obj: Mapping[str, Any], *, reason: str, message: str, warning: bool = False, strict: bool = False
+    ) -> None:
+        """Record an Event (the same one twice in a row only once). A failure is logged, or with
+        `strict` raised, for callers that try again until it is recorded."""
         meta = obj.get("metadata", {})
         dedupe = (str(meta.get("uid", "")), reason, message)
         if dedupe in self._recent:
@@ -58,4 +62,7 @@ class EventRecorder:
         try:
             await self._client.create(f"/api/v1/namespaces/{namespace}/events", event)
         except ApiError as exc:
+            if strict:
+                self._recent.pop(dedupe, None)  # not recorded: the next try must not be skipped
+                raise
             self._log.warning("event not recorded", reason=reason, error=str(exc))

@@ -81,9 +81,10 @@ class Dispatcher:
             notify=notify,
             namespaces=namespaces,
         )
+        self.native_pods = NativePods(lambda: self.front, virtual_nodes)
         self.gangs = Gangs(
             self,
-            native_pods=NativePods(lambda: self.front, virtual_nodes),
+            native_pods=self.native_pods,
             pods_in=self.reports.pods_in,
             events=lambda: self.events,
             instance=owner.instance,

@@ -29,9 +29,14 @@ class NativePods:
 
     async def count(self, job: JobRef, *, fresh: bool = False) -> int:
         """The job's live pods bound to native nodes; raises ApiError when it cannot tell."""
+        return len(await self.pods(job, fresh=fresh))
+
+    async def pods(self, job: JobRef, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """The job's live pods bound to native nodes (reclaim tells them of notices, and ends
+        them with a split gang); raises ApiError when it cannot tell."""
         front = self._front()
         if front is None:
-            return 0
+            return []
         virtual = set(self._virtual_nodes())
         items = None if fresh else self._lists.get(job.namespace)
         if items is None:
@@ -42,4 +47,5 @@ class NativePods:
             )
             items = listed["items"]
             self._lists[job.namespace] = items
-        return len(hybrid.native_pods(items, job, virtual))
+        keys = hybrid.native_pods(items, job, virtual)
+        return [p for p in items if f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" in keys]

@@ -14,6 +14,13 @@ cause is read from the member pod's last state, as the member left it:
 | its node was deleted (pod GC) | DeletionByPodGC | Reclaimed |
 | our reclaim planner, after its notice | ReclaimedForOnlineLoad | Reclaimed |
 | deleted by hand (no condition) | DeletedInMember | Reclaimed |
+| gone while no provider watched, under notice | ReclaimedForOnlineLoad | Reclaimed |
+| gone while no provider watched, no notice | GoneWhileProviderDown | Reclaimed |
+
+A member pod that went away while the provider was down leaves no last state to read: the
+front-end pod's own annotations say what was known (a notice it carried means our reclaim
+took it); otherwise the message says so plainly. Either way DisruptionTarget is set, so a Job
+ignoring disruptions does not count a failure (never the runtime's ProviderPodLost).
 
 The provider never re-creates such a pod: the job's controller decides what replaces it.
 """
@@ -29,6 +36,7 @@ from vkprovider.podstatus import failed_status, now_rfc3339
 
 PLANNER_REASON = "ReclaimedForOnlineLoad"
 BY_HAND = "DeletedInMember"
+GONE_UNSEEN = "GoneWhileProviderDown"
 
 _POD_REASON = {
     "PreemptionByScheduler": "Preempted",
@@ -38,6 +46,7 @@ _POD_REASON = {
     "DeletionByPodGC": "Reclaimed",
     PLANNER_REASON: "Reclaimed",
     BY_HAND: "Reclaimed",
+    GONE_UNSEEN: "Reclaimed",
 }
 _WHAT = {
     "PreemptionByScheduler": "preempted by the member's scheduler",
@@ -47,6 +56,7 @@ _WHAT = {
     "DeletionByPodGC": "removed with its member node",
     PLANNER_REASON: "reclaimed for online load after its notice",
     BY_HAND: "deleted in the member",
+    GONE_UNSEEN: "gone from the member while the provider was down; its last state is unknown",
 }
 
 
@@ -91,6 +101,18 @@ def cause_of(member_pod: dict[str, Any], *, member: str, gone: bool) -> Disrupti
     what = _WHAT.get(cause, f"disrupted in the member ({cause})")
     message = f"member {member}, node {node}: {what}" + (f" ({detail})" if detail else "")
     return Disruption(cause=cause, pod_reason=_POD_REASON.get(cause, "Reclaimed"), message=message[:1000])
+
+
+def gone_unseen(front: dict[str, Any], *, member: str) -> Disruption:
+    """Why a front-end pod's member pod is gone, when it went while no provider watched."""
+    annotations = (front.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(labels.RECLAIM_AT):
+        cause = PLANNER_REASON
+        detail = f"notice deadline {annotations[labels.RECLAIM_AT]}; the provider restarted meanwhile"
+    else:
+        cause, detail = GONE_UNSEEN, ""
+    message = f"member {member}: {_WHAT[cause]}" + (f" ({detail})" if detail else "")
+    return Disruption(cause=cause, pod_reason=_POD_REASON[cause], message=message[:1000])
 
 
 def disrupted_status(front: Pod, disruption: Disruption) -> PodStatus:

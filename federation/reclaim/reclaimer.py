@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from federation import labels
@@ -29,9 +29,12 @@ from federation.capacity.summary import TRACKED, eligible, ours_canonical
 from federation.members.member import Member
 from federation.members.pods import MemberPods
 from federation.reclaim import planner
+from federation.reclaim.answers import Answers
+from federation.reclaim.jobnotice import JobNotices
 from federation.reclaim.metrics import ReclaimMetrics
 from federation.reclaim.notices import Notices, rfc3339
 from federation.reclaim.reports import JobReports
+from federation.reclaim.terms import parse_time
 from vkprovider import logs
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, KubeClient
@@ -43,6 +46,8 @@ CONFIRM_AFTER = 0.2
 #: Seconds a notice stays while no plan needs it, before it is withdrawn (plans are recomputed
 #: every second; a brief dip of online load does not flap notices).
 CANCEL_HOLD = 3.0
+#: Seconds back a restarted provider looks for disrupted pods whose job was never told.
+UNTOLD_HORIZON = 3600.0
 
 
 class Reclaimer:
@@ -53,6 +58,7 @@ class Reclaimer:
         instance: str,
         interval: float = 0.5,
         metrics: ReclaimMetrics | None = None,
+        keep_logs: Callable[[Member, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self._members = members
         self._instance = instance
@@ -61,7 +67,11 @@ class Reclaimer:
         self.events: EventRecorder | None = None
         self.metrics = metrics or ReclaimMetrics()
         self.notices = Notices(
-            front=lambda: self.front, events=lambda: self.events, metrics=lambda: self.metrics, instance=instance
+            front=lambda: self.front,
+            events=lambda: self.events,
+            metrics=lambda: self.metrics,
+            instance=instance,
+            keep_logs=keep_logs,
         )
         self.reports = JobReports(
             members=members, front=lambda: self.front, events=lambda: self.events, metrics=lambda: self.metrics
@@ -71,6 +81,15 @@ class Reclaimer:
         #: rounds in a row choose it, so a moment's lag between watches gives no needless notice.
         self._chosen_before: dict[str, set[str]] = {}
         self._pending_since: dict[str, float] = {}  # online pod key -> first seen waiting
+        #: Members whose every pod this run looked at once: until then a round may not be
+        #: skipped, for a notice half-written before a restart shows only at the front end.
+        self._swept: set[str] = set()
+        #: The runtime's front-end pods (set by the provider): a notice is written there first.
+        self.front_pods: Any = None
+        self.front_listed: asyncio.Event | None = None
+        self._fronts: dict[str, dict[str, str]] = {}  # this round: member pod key -> front annotations
+        self.answers = Answers(notices=self.notices, events=lambda: self.events)
+        self.job_notices = JobNotices(front=lambda: self.front, instance=instance)
         #: What the resource view and `vkprovider status` show: per member, the plan now.
         self.pending: dict[str, list[dict[str, Any]]] = {}
         self._log = logs.get("reclaim", instance=instance)
@@ -87,9 +106,30 @@ class Reclaimer:
             wait = min(wait, CONFIRM_AFTER)
         return max(0.01, wait)
 
+    def sweep_untold(self) -> None:
+        """Once after a start: the disrupted front-end pods of ours whose job was not told (the
+        run that ended them died before its report landed) are reported again."""
+        if self.front_pods is None:
+            return
+        horizon = time.time() - UNTOLD_HORIZON
+        for _, front in self.front_pods.scan():
+            meta = front["metadata"]
+            annotations = meta.get("annotations") or {}
+            member = annotations.get(labels.MEMBER)
+            if not member or labels.JOB_TOLD in annotations or (front.get("status") or {}).get("phase") != "Failed":
+                continue
+            for cond in (front.get("status") or {}).get("conditions") or []:
+                at = parse_time(cond.get("lastTransitionTime") or "") or 0.0
+                if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True" and at >= horizon:
+                    self.reports.disrupted_front(member, front)
+
     async def run(self) -> None:
+        swept = False
         while True:
             await asyncio.sleep(self._next_round())
+            if not swept and self.front_listed is not None and self.front_listed.is_set():
+                self.sweep_untold()
+                swept = True
             for member in list(self._members().values()):
                 try:
                     await self.reconcile(member)
@@ -102,6 +142,19 @@ class Reclaimer:
 
     # -- one member ------------------------------------------------------------------------------
 
+    def front_annotations(self, member_pod: dict[str, Any]) -> dict[str, str]:
+        """The annotations of the front-end pod a member pod runs, as the runtime's cache holds
+        it (empty when it does not, or holds another pod of that name)."""
+        if self.front_pods is None:
+            return {}
+        front = self.front_pods.get(MemberPods.origin(member_pod))
+        if front is None:
+            return {}
+        meta = front.get("metadata") or {}
+        if meta.get("uid") != (member_pod["metadata"].get("labels") or {}).get(labels.ORIGIN_UID):
+            return {}
+        return dict(meta.get("annotations") or {})
+
     async def _our_pods(
         self, member: Member, pods: Any
     ) -> tuple[list[planner.OurPod], dict[str, dict[str, Any]], dict[str, int]]:
@@ -109,6 +162,7 @@ class Reclaimer:
         on their way out still hold (given back: no other pod needs to go for it)."""
         out: list[planner.OurPod] = []
         by_key: dict[str, dict[str, Any]] = {}
+        self._fronts = {}
         leaving: dict[str, int] = {}
         inventory = member.inventory()
         # Bound live pods only: the others are not decoded at all.
@@ -124,8 +178,9 @@ class Reclaimer:
                 continue
             uid = meta.get("uid", "")
             annotations = meta.get("annotations") or {}
-            noticed = self.notices.stands(uid, annotations)
             key = f"{meta['namespace']}/{meta['name']}"
+            front_ann = self._fronts[key] = self.front_annotations(member_pod)
+            noticed = self.notices.stands(uid, annotations, front_ann)
             try:
                 gang_min = int(annotations.get(labels.GANG_MIN) or 0)
                 cost = int(annotations.get(labels.DELETION_COST) or 0)
@@ -200,7 +255,7 @@ class Reclaimer:
     def _nothing_to_do(self, member: Member, pods: Any) -> bool:
         """The usual case, cheaply (without looking at every pod): nothing held beyond what the
         member allows, nobody waiting for room, no notice standing or about to be given."""
-        if member.draining or pods.noticed or self._chosen_before.get(member.name):
+        if member.draining or pods.noticed or self._chosen_before.get(member.name) or member.name not in self._swept:
             return False
         inventory, summary = member.inventory(), member.summary
         if inventory is None or summary is None or inventory.pending:
@@ -215,10 +270,10 @@ class Reclaimer:
         if self._nothing_to_do(member, pods):
             self.pending[member.name] = []
             return
+        self._swept.add(member.name)
         ours, by_key, leaving = await self._our_pods(member, pods)
         plan = self._plan(member, ours, leaving)
         now = time.time()
-        wanted = {v.pod.key for v in plan.victims}
         view: list[dict[str, Any]] = []
         fresh: set[str] = set()
         to_notice: list[tuple[dict[str, Any], planner.Victim]] = []
@@ -228,14 +283,17 @@ class Reclaimer:
             if member_pod is None:
                 continue
             uid = member_pod["metadata"].get("uid", "")
+            front = self._fronts.get(victim.pod.key, {})
             self._unneeded_since.pop(uid, None)
-            deadline = self.notices.deadline(member_pod)
+            deadline = self.notices.deadline(member_pod, front)
             if deadline is None and uid not in self._chosen_before.get(member.name, set()):
                 fresh.add(uid)  # chosen for the first time: noticed if the next round agrees
                 continue
-            if deadline is None:
-                to_notice.append((member_pod, victim))
-            elif now >= deadline and self.notices.front_served(uid, now):
+            if deadline is None or not self.notices.armed(member_pod):
+                to_notice.append((member_pod, victim))  # new, or a front-end half to complete
+            elif await self.answers.release_now(member, member_pod, front) or (
+                now >= (self.notices.deadline(member_pod, front) or deadline) and self.notices.front_served(uid, now)
+            ):
                 to_delete.append((member_pod, victim))
             view.append(
                 {
@@ -250,8 +308,23 @@ class Reclaimer:
             )
         # A round's notices go out together, with one deadline per notice length, and pods whose
         # deadline has come go together: a gang is noticed and deleted all at once.
-        await asyncio.gather(*(self.notices.give(member, mp, v, now=now) for mp, v in to_notice))
+        await asyncio.gather(
+            *(
+                self.notices.give(member, mp, v, now=now, front_ann=self._fronts.get(v.pod.key, {}))
+                for mp, v in to_notice
+            )
+        )
+        await self._tell_jobs(member, ours, by_key)
         await asyncio.gather(*(self._execute(member, mp, v, plan) for mp, v in to_delete))
+        await self._withdraw_unneeded(member, ours, by_key, {v.pod.key for v in plan.victims})
+        self.pending[member.name] = view
+        self._chosen_before[member.name] = fresh
+        self.notices.forget_seen(by_key, lambda key: self._fronts.get(key, {}))
+
+    async def _withdraw_unneeded(
+        self, member: Member, ours: list[planner.OurPod], by_key: dict[str, dict[str, Any]], wanted: set[str]
+    ) -> None:
+        """Notices no plan has needed for CANCEL_HOLD seconds, withdrawn."""
         for pod in ours:
             if not pod.noticed or pod.key in wanted:
                 continue
@@ -260,14 +333,27 @@ class Reclaimer:
             since = self._unneeded_since.setdefault(uid, time.monotonic())
             if time.monotonic() - since >= CANCEL_HOLD and await self.notices.withdraw(member, member_pod):
                 self._unneeded_since.pop(uid, None)
-        self.pending[member.name] = view
-        self._chosen_before[member.name] = fresh
-        self.notices.forget_seen(by_key)
+
+    async def _tell_jobs(self, member: Member, ours: list[planner.OurPod], by_key: dict[str, dict[str, Any]]) -> None:
+        """Every pod of a job with pods under notice learns which leave and when."""
+        leaving: dict[str, dict[str, str]] = {}
+        for pod in ours:
+            member_pod = by_key[pod.key]
+            annotations = member_pod["metadata"].get("annotations") or {}
+            job_key = annotations.get(labels.JOB_KEY) or ""
+            front = self._fronts.get(pod.key, {})
+            self.job_notices.seen(member.name, job_key, front)
+            deadline = self.notices.deadline(member_pod, front)
+            if job_key and deadline is not None and self.notices.armed(member_pod):
+                name = MemberPods.origin(member_pod).partition("/")[2]
+                leaving.setdefault(job_key, {})[name] = rfc3339(deadline)
+        await self.job_notices.update(member, leaving)
 
     async def _execute(
         self, member: Member, member_pod: dict[str, Any], victim: planner.Victim, plan: planner.Plan
     ) -> None:
-        """The victim deleted at its deadline; how long the online pods it served waited."""
+        """The victim deleted (at its deadline, or released); how long the online pods it
+        served waited."""
         if not await self.notices.execute(member, member_pod, victim):
             return
         now = time.monotonic()

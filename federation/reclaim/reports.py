@@ -2,7 +2,9 @@
 notice, the member's scheduler, an eviction, a lost node): a Warning Event PodsReclaimed on the
 job's group object (or its owner, else the pod) and `vkprovider.io/last-reclaim` on the job's
 remaining pods, so a PS can checkpoint. Reports are batched: each reclaim round sends what the
-member watches reported since the last one.
+member watches reported since the last one. A report that fails is kept and sent again next
+round until it lands; then the pods it names get `vkprovider.io/job-told`, and a restarted
+provider reports every disrupted front-end pod of ours that lacks it (at least once).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from federation.members import disruption
 from federation.members.member import Member
 from federation.members.pods import MemberPods
 from federation.reclaim.metrics import ReclaimMetrics
-from federation.reclaim.notices import annotate_front, annotate_member, parse_time, rfc3339
+from federation.reclaim.notices import annotate_front, annotate_member, rfc3339
+from federation.reclaim.splitgang import SplitGangs
+from federation.reclaim.terms import parse_time
+from vkprovider import logs
 from vkprovider.events import EventRecorder
-from vkprovider.kube import ApiError, KubeClient
+from vkprovider.kube import ApiError, KubeClient, NotFound
 
 #: Where a job's controlling owner lives, by kind (the object PodsReclaimed is recorded on).
 OWNER_PATHS = {"Job": "batch/v1/jobs", "ReplicaSet": "apps/v1/replicasets", "StatefulSet": "apps/v1/statefulsets"}
@@ -41,6 +46,8 @@ class JobReports:
         self._events = events
         self._metrics = metrics
         self._pending: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (member, job key) -> pods
+        self._log = logs.get("reclaim")
+        self.split = SplitGangs(front=front, events=events)
 
     def disrupted(self, member: str, member_pod: dict[str, Any], what: disruption.Disruption) -> None:
         """A member pod of ours was taken away (any cause): its job hears of it (batched)."""
@@ -56,37 +63,61 @@ class JobReports:
         origin = MemberPods.origin(member_pod)
         self._pending.setdefault((member, job), []).append((origin, what.pod_reason))
 
+    def disrupted_front(self, member: str, front: dict[str, Any]) -> None:
+        """A front-end pod ended by a disruption its job was not told of yet (found after a
+        restart: the report of the run that ended it may not have landed)."""
+        meta = front["metadata"]
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        reason = (front.get("status") or {}).get("reason") or "Reclaimed"
+        self._pending.setdefault((member, jobs.job_of(front).key), []).append((key, reason))
+
     async def flush(self) -> None:
-        """Each job told what it lost since the last flush."""
+        """Each job told what it lost since the last flush; a report that fails is kept and
+        tried again next round (at least once: a restart may tell a job twice, never not at all)."""
         reports, self._pending = self._pending, {}
-        members, front = self._members(), self._front()
         for (member_name, job_key), taken in reports.items():
-            member = members.get(member_name)
-            stamp = rfc3339(time.time())
-            names = ", ".join(sorted(k.split("/", 1)[-1] for k, _ in taken))
-            message = f"{len(taken)} pod(s) taken back by member {member_name}: {names}; checkpoint now"
-            target = await self.job_object(job_key, taken[0][0])
-            events = self._events()
-            if events is not None and target is not None:
-                await events.emit(target, reason="PodsReclaimed", message=message[:1000], warning=True)
-            if member is None or not job_key:
-                continue
+            try:
+                await self._report(member_name, job_key, taken)
+            except ApiError as exc:
+                self._pending.setdefault((member_name, job_key), []).extend(taken)
+                self._log.warning("job report not written; tried again", job=job_key, error=str(exc))
+
+    async def _report(self, member_name: str, job_key: str, taken: list[tuple[str, str]]) -> None:
+        members, front = self._members(), self._front()
+        assert front is not None
+        member = members.get(member_name)
+        stamp = rfc3339(time.time())
+        names = ", ".join(sorted({k.split("/", 1)[-1] for k, _ in taken}))
+        message = f"{len(taken)} pod(s) taken back by member {member_name}: {names}; checkpoint now"
+        target = await self.job_object(job_key, taken[0][0])
+        events = self._events()
+        if events is not None and target is not None:
+            await events.emit(target, reason="PodsReclaimed", message=message[:1000], warning=True, strict=True)
+        await self.split.check(member, job_key, target)
+        if member is not None and job_key:
             value = json.dumps({"at": stamp, "count": len(taken)}, separators=(",", ":"))
             pods = member.pods
-            label = jobs.job_hash(_job_ref(job_key))
+            label = jobs.job_hash(JobRef.parse(job_key))
             for _, member_pod in pods.by_origin.scan(pods.keys_of(label)) if pods is not None else ():
                 if member_pod["metadata"].get("deletionTimestamp"):
                     continue
-                assert pods is not None and pods.client is not None and front is not None
+                assert pods is not None and pods.client is not None
                 await annotate_member(pods.client, member_pod, {labels.LAST_RECLAIM: value})
                 await annotate_front(front, member_pod, {labels.LAST_RECLAIM: value})
+        for key, _ in taken:  # told: a restart does not tell again
+            namespace, _, name = key.partition("/")
+            with contextlib.suppress(NotFound):
+                await front.patch(
+                    f"/api/v1/namespaces/{namespace}/pods/{name}",
+                    {"metadata": {"annotations": {labels.JOB_TOLD: stamp}}},
+                )
 
     async def job_object(self, job_key: str, front_key: str) -> dict[str, Any] | None:
         """The object to tell: the job's group object, else its owner, else the pod."""
         front = self._front()
         assert front is not None
         namespace, _, name = front_key.partition("/")
-        ref = _job_ref(job_key) if job_key else None
+        ref = JobRef.parse(job_key) if job_key else None
         paths = []
         if ref is not None and ref.source in GROUP_RESOURCES:
             api_version, plural = GROUP_RESOURCES[ref.source]
@@ -101,8 +132,3 @@ class JobReports:
             with contextlib.suppress(ApiError):
                 return await front.get(path)
         return None
-
-
-def _job_ref(job_key: str) -> JobRef:
-    namespace, source, name = [*job_key.split("/", 2), "", ""][:3]
-    return JobRef(namespace, source, name)

@@ -1,0 +1,77 @@
+"""The last log lines of member pods we take away, kept so `kubectl logs` on the Failed
+front-end pod still prints them.
+
+After a reclaim, the log people need is the one of the pod that is gone: whether it saw its
+notice, whether its checkpoint finished. Before reclaim deletes a member pod it reads the end
+of each container's log (at most `per_pod` bytes per container, default 1 MiB, read as a stream
+and trimmed as it comes, within a few seconds); a pod the member deletes itself is read while
+it terminates, as far as its grace period allows. The bytes live in memory, bounded in total
+(the least recently kept go first): a restarted provider has none, and the log then says so,
+as it always did. Keeping them in the API (a ConfigMap per pod) would put up to a megabyte per
+reclaim into etcd; memory is the honest size for something only people read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cachetools import LRUCache
+
+from federation.members.member import Member
+from federation.members.pods import MemberPods
+from vkprovider import logs
+from vkprovider.kube import ApiError
+
+PER_POD = 1 << 20
+TOTAL = 64 << 20
+READ_TIMEOUT = 5.0
+
+
+def _size(logs_by_container: dict[str, bytes]) -> int:
+    return sum(len(v) for v in logs_by_container.values()) or 1
+
+
+def tail(text: bytes, *, lines: int | None, limit: int | None) -> bytes:
+    """The kept log as `kubectl logs --tail/--limit-bytes` would cut it."""
+    if lines is not None and lines >= 0:
+        parts = text.splitlines(keepends=True)
+        text = b"".join(parts[-lines:]) if lines else b""
+    if limit is not None and limit >= 0:
+        text = text[:limit]
+    return text
+
+
+class LastLogs:
+    def __init__(self, *, per_pod: int = PER_POD, total: int = TOTAL) -> None:
+        self.per_pod = per_pod
+        self._kept: LRUCache[str, dict[str, bytes]] = LRUCache(maxsize=max(1, total), getsizeof=_size)
+        self._log = logs.get("lastlogs")
+
+    def get(self, key: str, container: str) -> bytes | None:
+        """The kept end of a container's log of front-end pod `key`, if any."""
+        found = self._kept.get(key)
+        return None if found is None else found.get(container)
+
+    async def keep(self, member: Member, member_pod: dict[str, Any]) -> None:
+        """Read and keep the end of every container's log of a member pod about to go."""
+        pods = member.pods
+        if self.per_pod <= 0 or pods is None or pods.client is None:
+            return
+        meta = member_pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log"
+        kept: dict[str, bytes] = {}
+        for container in (member_pod.get("spec") or {}).get("containers") or []:
+            name = container.get("name", "")
+            buffer = bytearray()
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):
+                    async for chunk in pods.client.stream(path, params={"container": name}):
+                        buffer += chunk
+                        if len(buffer) > 2 * self.per_pod:
+                            del buffer[: len(buffer) - self.per_pod]
+            except (ApiError, TimeoutError) as exc:
+                self._log.info("log not kept whole", pod=MemberPods.origin(member_pod), container=name, error=str(exc))
+            kept[name] = bytes(buffer[-self.per_pod :])
+        if self.per_pod * len(kept) <= self._kept.maxsize:
+            self._kept[MemberPods.origin(member_pod)] = kept
