@@ -2,7 +2,10 @@
 capacity needs, kept up to date from watch events (pure; no I/O).
 
 Records are small on purpose (a member may have thousands of nodes and tens of thousands of
-pods): a pod is its node name, its requests as a shared tuple, and whether it is ours. Usage per
+pods): a pod is its node name, its requests as a shared tuple, and whether it is ours. A node
+keeps all its labels and its NoSchedule/NoExecute taints, and a waiting online pod its node
+selector, required node affinity and tolerations, as shared tuples of interned strings
+(federation.capacity.fit), so reclaim can judge where it fits as the scheduler would. Usage per
 node is maintained incrementally, so one pod event costs a few dictionary updates.
 """
 
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from federation import labels
-from federation.capacity import quantities
+from federation.capacity import fit, quantities
 from vkprovider.kube.relist import Relist
 
 Requests = tuple[tuple[str, int], ...]
@@ -35,6 +38,10 @@ class NodeRecord:
     gpu_product: str | None = None
     network_pod: str | None = None
     zone: str | None = None
+    #: All its labels, shared between nodes that carry the same (fit.node_labels: the hostname
+    #: left out when it is the node's name); empty where the source does not carry them (the
+    #: capacity agent's messages).
+    labels: fit.Labels = ()
 
 
 @dataclass(slots=True)
@@ -50,7 +57,7 @@ class PendingRecord:
 
     requests: Requests
     priority: int
-    node_selector: tuple[tuple[str, str], ...]
+    constraints: fit.Constraints  # where it may run beside resources (shared between equal ones)
     name: str  # namespace/name, for people reading why a pod of ours was chosen
 
 
@@ -70,27 +77,41 @@ def _interned(value: str | None) -> str | None:
     return sys.intern(value) if value else None
 
 
-def node_record(obj: dict[str, Any], *, network_pod_label: str = labels.NETWORK_POD) -> NodeRecord:
+def node_record(
+    obj: dict[str, Any], *, network_pod_label: str = labels.NETWORK_POD, interner: fit.Interner | None = None
+) -> NodeRecord:
     meta = obj.get("metadata") or {}
     node_labels = meta.get("labels") or {}
     status = obj.get("status") or {}
     spec = obj.get("spec") or {}
+    shared = interner or fit.Interner()
+    name = sys.intern(meta.get("name", ""))
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    taints = tuple(
-        (t.get("key", ""), t.get("value", ""), t.get("effect", ""))
-        for t in spec.get("taints") or []
-        if t.get("effect") in ("NoSchedule", "NoExecute")
-    )
     return NodeRecord(
-        name=sys.intern(meta.get("name", "")),
+        name=name,
         ready=ready,
         schedulable=not spec.get("unschedulable", False),
-        taints=taints,
+        taints=fit.node_taints(spec, shared),
         allocatable=quantities.vector(status.get("allocatable")),
         gpu_product=_interned(node_labels.get(labels.GPU_PRODUCT)),
         network_pod=_interned(node_labels.get(network_pod_label)),
         zone=_interned(node_labels.get(labels.ZONE)),
+        labels=fit.node_labels(name, node_labels, shared),
     )
+
+
+def unusable_reason(node: NodeRecord, tolerations: tuple[dict[str, Any], ...]) -> str | None:
+    """Why our pods may not stay on the node (NotReady, cordoned, a taint our pods do not
+    tolerate), or None: the reverse of federation.capacity.summary.eligible, in words."""
+    if not node.ready:
+        return f"node {node.name} is NotReady"
+    if not node.schedulable:
+        return f"node {node.name} is cordoned"
+    for taint in node.taints:
+        if not tolerates(tolerations, taint):
+            key, value, effect = taint
+            return f"node {node.name} has taint {key}{'=' + value if value else ''}:{effect}"
+    return None
 
 
 def _container_requests(container: dict[str, Any]) -> dict[str, int]:
@@ -154,6 +175,8 @@ class Inventory:
     #: Online pods waiting for room without preempting (keyed like `pods`).
     pending: dict[str, PendingRecord] = field(default_factory=dict)
     _shapes: dict[Requests, Requests] = field(default_factory=dict)
+    #: Shares equal label sets, taints and pod constraints between records.
+    interner: fit.Interner = field(default_factory=fit.Interner, compare=False, repr=False)
     version: int = 0
     #: Per node, the inventory version of its last change (record, usage or NUMA): lets
     #: consumers (the agent's streams) find what changed without comparing whole records.
@@ -167,7 +190,7 @@ class Inventory:
     # -- nodes -----------------------------------------------------------------------------------
 
     def upsert_node(self, obj: dict[str, Any]) -> None:
-        record = node_record(obj, network_pod_label=self.network_pod_label)
+        record = node_record(obj, network_pod_label=self.network_pod_label, interner=self.interner)
         self.nodes[record.name] = record
         self.touch(record.name)
 
@@ -180,9 +203,16 @@ class Inventory:
         self.nodes = {}
         self.node_versions = {}
         for obj in objs:
-            record = node_record(obj, network_pod_label=self.network_pod_label)
+            record = node_record(obj, network_pod_label=self.network_pod_label, interner=self.interner)
             self.nodes[record.name] = record
             self.touch(record.name)
+
+    def ours_on_unusable(self, tolerations: tuple[dict[str, Any], ...]) -> bool:
+        """Whether any of our pods sits on a node they may not use (`unusable_reason`)."""
+        return any(
+            unusable_reason(node, tolerations) is not None and any(self.ours_used.get(name, {}).values())
+            for name, node in self.nodes.items()
+        )
 
     # -- NUMA ------------------------------------------------------------------------------------
 
@@ -242,7 +272,7 @@ class Inventory:
             self.pending[key] = PendingRecord(
                 self._compact(pod_requests(spec)),
                 int(spec.get("priority") or 0),
-                tuple(sorted((spec.get("nodeSelector") or {}).items())),
+                fit.pod_constraints(spec, self.interner),
                 f"{meta.get('namespace')}/{meta.get('name')}",
             )
         else:

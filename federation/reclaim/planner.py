@@ -1,32 +1,57 @@
-"""Which of our pods give capacity back, and why (pure: table-tested, no I/O).
+"""Which of our pods give capacity back, and why (pure: table- and property-tested, no I/O).
 
 Given one member's nodes, our pods there, what the member must get back (a member-wide
 deficit: our pods hold more than the member lends now) and online pods that wait for room
-without preempting, `plan` picks the cheapest victims:
+without preempting, `plan` picks victims in three steps:
 
-- lowest band first: worker-max, then worker-min, then PS last;
-- a job's pods above its gang minimum (elastic workers, plain pods) before any job loses its
-  minimum; a gang never limps: when a pod of its minimum must go, the whole gang goes;
-- whole machines first: victims that empty a node completely; then a whole NUMA zone (where the
-  member reports which zone a pod runs in); then pods that leave their job more homogeneous
-  (from the network pod and GPU model where the job has fewest pods);
-- `controller.kubernetes.io/pod-deletion-cost` as a tie-breaker, lower first;
-- no more than needed: choices that turn out unnecessary are dropped again, newest first.
-Pods already under notice are taken first, so a plan recomputed each second keeps its
+1. every pod of ours on a node we may not use (`NodeView.unusable`: cordoned, NotReady, a
+   taint our pods do not tolerate) goes first, as a drain would take it; what they free counts
+   towards the deficit (the deficit already leaves those nodes out, so it is not asked twice);
+2. each waiting online pod gets room on one node it fits as kube-scheduler would judge it
+   (federation.capacity.fit: resources, node selector, required node affinity, taints): the
+   node where the cheapest victims do; no fewer victims there would do;
+3. the rest of the deficit, member-wide, with a minimal set of victims: it frees at least the
+   need and no victim (nor a gang taken whole) could be spared. Among such sets it prefers, in
+   order:
+   - the lowest band: worker-max, then worker-min, then PS; a job's pods above its gang minimum
+     (elastic workers, plain pods) before any job loses its minimum; a gang never limps: when a
+     pod of its minimum must go, the whole gang goes;
+   - whole machines, where the need is a machine's worth or more (a node's pods are taken
+     together only when all of them fit within what is still needed: never extra victims);
+   - a whole NUMA zone (where the member reports which zone a pod runs in);
+   - pods that leave their job more homogeneous (from the network pod and GPU model where the
+     job has fewest pods);
+   - `controller.kubernetes.io/pod-deletion-cost`, lower first; then the fewest victims, then by
+     name, so plans repeat.
+Pods already under notice are preferred above all, so a plan recomputed each second keeps its
 earlier victims while they are still needed and drops them (cancelling their notice) when not.
+
+Minimality comes from greedy choice in the order of the rules, then giving back, newest first,
+whatever the need turns out not to require. The planner runs every round on members of
+thousands of nodes and tens of thousands of our pods, so it works on indices and only the
+resources the need names, sorts only the band where the need is met (a band taken whole needs
+no order), and ranks nodes for waiting pods once per kind of pod, re-ranking only the nodes a
+choice changed.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from federation.capacity import quantities
+from federation import labels
+from federation.capacity import fit, quantities
+from federation.capacity.inventory import NodeRecord
 
 BAND_RANK = {"worker-max": 0, "worker-min": 1, "ps": 2}
-NOTICED_TIER = -1  # pods already under notice: taken before anything else
-SURPLUS_TIER = 0  # a job's pods above its minimum
-GANG_TIER = 1  # a whole gang, below its minimum
+#: Tiers, cheapest first, each split by band (0-2): pods already under notice, a job's pods
+#: above its minimum, whole gangs (by the gang's highest band).
+NOTICED, SURPLUS, GANG = 0, 3, 6
+TIERS = 9
+#: How many subsets of a gang to try when looking for a smaller part of it that would do.
+SUBSETS_TRIED = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +77,40 @@ class NodeView:
     network_pod: str | None = None
     gpu_model: str | None = None
     zone: str | None = None
+    labels: fit.Labels = ()  # all its labels (fit.node_labels: the hostname implied)
+    taints: tuple[fit.Taint, ...] = ()  # NoSchedule and NoExecute taints
+    #: Why our pods may not stay there (cordoned, NotReady, a taint they do not tolerate), or
+    #: None: they may. Our pods on such a node are the first victims.
+    unusable: str | None = None
 
-    def matches(self, selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-        """Whether a pending pod's node selector can match, as far as we know the labels."""
-        known = {**labels, "kubernetes.io/hostname": self.name}
-        return all(known.get(k) == v for k, v in selector.items() if k in known or k.startswith("vkprovider.io/"))
+    @classmethod
+    def of(cls, record: NodeRecord, *, online_used: Mapping[str, int], unusable: str | None) -> NodeView:
+        """The planner's view of an inventory node."""
+        return cls(
+            record.name,
+            record.allocatable,
+            online_used,
+            record.ready,
+            record.schedulable,
+            record.network_pod,
+            record.gpu_product,
+            record.zone,
+            record.labels,
+            record.taints,
+            unusable,
+        )
+
+    def label_map(self) -> dict[str, str]:
+        """Its labels for matching: all it has, the hostname, and the ones we know it by."""
+        known = fit.label_map(self.name, self.labels)
+        for key, value in (
+            (labels.GPU_PRODUCT, self.gpu_model),
+            (labels.NETWORK_POD, self.network_pod),
+            (labels.ZONE, self.zone),
+        ):
+            if value:
+                known.setdefault(key, value)
+        return known
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +120,7 @@ class PendingPod:
     key: str
     requests: Mapping[str, int]
     priority: int = 0
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    constraints: fit.Constraints = fit.ANYWHERE
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,377 +156,722 @@ def _coverage(vec: Mapping[str, int], need: Mapping[str, int]) -> float:
     return sum(min(vec.get(k, 0), v) / v for k, v in need.items() if v > 0)
 
 
-def _sum(pods: Iterable[OurPod]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for pod in pods:
-        total = quantities.add(total, dict(pod.requests))
-    return total
-
-
 def _remaining(need: Mapping[str, int], freed: Mapping[str, int]) -> dict[str, int]:
     return {k: v - freed.get(k, 0) for k, v in need.items() if v - freed.get(k, 0) > 0}
 
 
-@dataclass
-class _Group:
-    """Victims chosen together (one pod, a whole node, a whole gang): kept or dropped as one."""
+@dataclass(slots=True, eq=False)
+class _Unit:
+    """Victims taken and given back together: a pod with a reason of its own, or a whole gang."""
 
-    pods: list[OurPod]
+    pods: list[int]
     reason: str
-    forced: bool = False  # chosen for a pending pod on its node: not pruned by the member deficit
+    forced: bool  # a drain or room for a waiting pod: not given back for the member deficit
+    job: str
+    whole: bool  # a gang taken whole (below its minimum)
+
+
+#: What the plan took, in order: a pod taken alone for the deficit (its reason follows from its
+#: band: the hot path, no unit made), a unit, or None where it was given back.
+Entry = int | _Unit | None
+#: How dear room on a node comes for a waiting pod: (worst tier taken, whether it leaves some of
+#: ours there, victims, node); (-1, False, 0, node): it fits already.
+Cost = tuple[int, bool, int, str]
+
+
+def _members(entry: int | _Unit) -> list[int]:
+    return [entry] if isinstance(entry, int) else entry.pods
 
 
 class _State:
+    """Our pods on one member as the plan takes them: who is left, per node and per job. Pods
+    are indices into the list handed in."""
+
     def __init__(self, nodes: list[NodeView], pods: list[OurPod]) -> None:
         self.nodes = {n.name: n for n in nodes}
-        self.left: dict[str, OurPod] = {p.key: p for p in pods}  # not (yet) chosen
-        on_node: dict[str, set[str]] = {}
-        by_job: dict[str, set[str]] = {}
-        job_left: dict[str, int] = {}
-        job_min: dict[str, int] = {}
-        job_band: dict[str, int] = {}  # a gang's rank: its highest band
-        rank = BAND_RANK.get
-        for p in pods:
-            job, key = p.job, p.key
-            on_node.setdefault(p.node, set()).add(key)
-            by_job.setdefault(job, set()).add(key)
-            job_left[job] = job_left.get(job, 0) + 1
-            if p.gang_min > 1 and p.gang_min > job_min.get(job, 0):
-                job_min[job] = p.gang_min
+        self.pods = pods
+        self.taken = bytearray(len(pods))
+        on_node: dict[str, list[int]] = {}
+        job_pods: dict[str, list[int]] = {}
+        gang_min: dict[str, int] = {}
+        for i, p in enumerate(pods):
+            here = on_node.get(p.node)
+            if here is None:
+                on_node[p.node] = [i]
             else:
-                job_min.setdefault(job, 0)
-            band = rank(p.band, 1)
-            if band > job_band.get(job, -1):
-                job_band[job] = band
-        self.on_node, self.by_job, self.job_left, self.job_min, self.job_band = (
-            on_node,
-            by_job,
-            job_left,
-            job_min,
-            job_band,
-        )
-        #: Per job, how many of its pods are left per network pod and GPU model (for homogeneity;
-        #: computed when first asked, dropped when the job's pods change).
-        self._domains: dict[str, dict[tuple[str, str | None], int]] = {}
-        self._node_domains: dict[str, tuple[tuple[str, str | None], tuple[str, str | None]]] = {}
-        self._ours_sum: dict[str, dict[str, int]] = {}
-        self.groups: list[_Group] = []
+                here.append(i)
+            mates = job_pods.get(p.job)
+            if mates is None:
+                job_pods[p.job] = [i]
+            else:
+                mates.append(i)
+            if p.gang_min > 1 and p.gang_min > gang_min.get(p.job, 0):
+                gang_min[p.job] = p.gang_min
+        self.on_node = on_node
+        self.node_left = {n: len(v) for n, v in on_node.items()}
+        self.job_pods = job_pods
+        self.job_left = {j: len(v) for j, v in job_pods.items()}
+        self.gang_min = gang_min  # only jobs with a gang minimum above one
+        rank = BAND_RANK.get
+        self.gang_band = {j: max(rank(pods[i].band, 1) for i in job_pods[j]) for j in gang_min}
+        self.order: list[Entry] = []
+        self.version: dict[str, int] = {}  # per node, moved by every change (cached sums follow it)
+        self._sums: dict[str, dict[str, int]] = {}
+        self._domains: dict[str, dict[tuple[int, str | None], int]] = {}
+        self._whys: dict[tuple[int, str], str] = {}
+        self._node_domains: dict[str, tuple[tuple[int, str | None], tuple[int, str | None]]] = {}
 
-    # -- what can be taken ----------------------------------------------------------------------
+    # -- what is left ----------------------------------------------------------------------------
 
-    def surplus(self, job: str) -> int:
-        return self.job_left[job] - self.job_min[job]
-
-    def tier_of(self, pod: OurPod) -> tuple[int, int]:
-        if pod.noticed:
-            return (NOTICED_TIER, BAND_RANK.get(pod.band, 1))
-        if self.surplus(pod.job) > 0:
-            return (SURPLUS_TIER, BAND_RANK.get(pod.band, 1))
-        return (GANG_TIER, self.job_band[pod.job])
-
-    def gang(self, job: str) -> list[OurPod]:
-        return [self.left[k] for k in sorted(self.by_job.get(job, ()))]
-
-    def _domains_of(self, pod: OurPod) -> tuple[tuple[str, str | None], tuple[str, str | None]]:
-        domains = self._node_domains.get(pod.node)
-        if domains is None:
-            node = self.nodes.get(pod.node)
-            domains = ("np", node.network_pod if node else None), ("gpu", node.gpu_model if node else None)
-            self._node_domains[pod.node] = domains
-        return domains
-
-    def _job_domains(self, job: str) -> dict[tuple[str, str | None], int]:
-        counts = self._domains.get(job)
-        if counts is None:
-            counts = {}
-            left, domains_of = self.left, self._domains_of
-            for key in self.by_job.get(job, ()):
-                network_pod, gpu_model = domains_of(left[key])
-                counts[network_pod] = counts.get(network_pod, 0) + 1
-                counts[gpu_model] = counts.get(gpu_model, 0) + 1
-            self._domains[job] = counts
-        return counts
-
-    def take(self, group: _Group) -> None:
-        for pod in group.pods:
-            del self.left[pod.key]
-            self.on_node[pod.node].discard(pod.key)
-            self.by_job[pod.job].discard(pod.key)
-            self.job_left[pod.job] -= 1
-            self._domains.pop(pod.job, None)
-            self._ours_sum.pop(pod.node, None)
-        self.groups.append(group)
-
-    def give_back(self, group: _Group) -> None:
-        self.groups.remove(group)
-        for pod in group.pods:
-            self.left[pod.key] = pod
-            self.on_node.setdefault(pod.node, set()).add(pod.key)
-            self.by_job.setdefault(pod.job, set()).add(pod.key)
-            self.job_left[pod.job] += 1
-            self._domains.pop(pod.job, None)
-            self._ours_sum.pop(pod.node, None)
+    def left_on(self, node: str) -> list[int]:
+        taken = self.taken
+        return [i for i in self.on_node.get(node, ()) if not taken[i]]
 
     def ours_on(self, node: str) -> dict[str, int]:
-        """What our pods still left on the node hold (kept up to date as pods are taken)."""
-        held = self._ours_sum.get(node)
+        """What our pods still left on the node hold."""
+        held = self._sums.get(node)
         if held is None:
-            held = self._ours_sum[node] = _sum(self.left[k] for k in self.on_node.get(node, ()))
+            held = {}
+            for i in self.left_on(node):
+                for k, v in self.pods[i].requests.items():
+                    held[k] = held.get(k, 0) + v
+            self._sums[node] = held
         return held
 
-    def physical_free(self, node: NodeView) -> dict[str, int]:
-        ours, online = self.ours_on(node.name), node.online_used
-        return {k: v - online.get(k, 0) - ours.get(k, 0) for k, v in node.allocatable.items()}
+    def tier(self, i: int) -> int:
+        p = self.pods[i]
+        if p.noticed:
+            return NOTICED + BAND_RANK.get(p.band, 1)
+        m = self.gang_min.get(p.job)
+        if m is None or self.job_left[p.job] > m:
+            return SURPLUS + BAND_RANK.get(p.band, 1)
+        return GANG + self.gang_band[p.job]
+
+    def below_minimum(self, job: str) -> bool:
+        """Whether the job's next pod to go takes its whole gang."""
+        m = self.gang_min.get(job)
+        return m is not None and self.job_left[job] <= m
+
+    def unit_of(self, i: int) -> list[int]:
+        """The pod, or its whole gang when it is below its minimum."""
+        job = self.pods[i].job
+        if not self.below_minimum(job):
+            return [i]
+        taken = self.taken
+        return [k for k in self.job_pods[job] if not taken[k]]
+
+    def limps(self, job: str, back: int) -> bool:
+        """Whether giving `back` pods of the job back would leave it between none and its minimum."""
+        m = self.gang_min.get(job)
+        return m is not None and 0 < self.job_left[job] + back < m
+
+    # -- taking and giving back ------------------------------------------------------------------
+
+    def _moved(self, i: int, sign: int) -> None:
+        p = self.pods[i]
+        node, job = p.node, p.job
+        self.taken[i] = sign < 0
+        self.node_left[node] += sign
+        self.job_left[job] += sign
+        self._sums.pop(node, None)
+        self._domains.pop(job, None)
+        self.version[node] = self.version.get(node, 0) + 1
+
+    def take(self, i: int, prefix: str = "", *, forced: bool = False) -> int:
+        """The pod (or its gang, below its minimum) as one unit; where it stands in the order."""
+        job = self.pods[i].job
+        whole = self.below_minimum(job)
+        return self.take_exactly(self.unit_of(i), prefix + self.why(i), whole=whole, forced=forced)
+
+    def take_single(self, i: int) -> None:
+        """A pod above its job's minimum, alone, for the deficit (the hot path: no unit made)."""
+        self._moved(i, -1)
+        self.order.append(i)
+
+    def take_all(self, entries: list[int]) -> tuple[list[int], list[int]]:
+        """Every pod of a tier that all goes, those still above their job's minimum alone (the
+        hot path of `take_single`, inlined); (taken, those whose job reached its minimum)."""
+        pods, taken, node_left, job_left, gang_min = self.pods, self.taken, self.node_left, self.job_left, self.gang_min
+        version, order = self.version, self.order
+        took: list[int] = []
+        later: list[int] = []
+        for i in entries:
+            if taken[i]:
+                continue
+            p = pods[i]
+            job = p.job
+            m = gang_min.get(job)
+            if m is not None and job_left[job] <= m:
+                if p.noticed:
+                    took.extend(_members(self.order[self.take(i)] or 0))
+                else:
+                    later.append(i)
+                continue
+            taken[i] = 1
+            node_left[p.node] -= 1
+            job_left[job] -= 1
+            version[p.node] = version.get(p.node, 0) + 1
+            order.append(i)
+            took.append(i)
+        self._sums.clear()
+        self._domains.clear()
+        return took, later
+
+    def take_exactly(self, members: list[int], reason: str, *, whole: bool, forced: bool = False) -> int:
+        for k in members:
+            self._moved(k, -1)
+        self.order.append(_Unit(members, reason, forced, self.pods[members[0]].job, whole))
+        return len(self.order) - 1
+
+    def give_back(self, at: int) -> None:
+        entry = self.order[at]
+        self.order[at] = None
+        if entry is not None:
+            for k in _members(entry):
+                self._moved(k, +1)
+
+    def reason(self, entry: int | _Unit) -> str:
+        return entry.reason if isinstance(entry, _Unit) else self.why(entry)
 
     # -- ordering --------------------------------------------------------------------------------
 
-    def homogeneity(self, pod: OurPod) -> float:
+    def why(self, i: int) -> str:
+        pod = self.pods[i]
+        tier = self.tier(i) if not self.taken[i] else (NOTICED if pod.noticed else SURPLUS)
+        memo = (tier // 3, pod.band if tier < GANG else pod.job)
+        cached = self._whys.get(memo)
+        if cached is None:
+            if tier < SURPLUS:
+                cached = f"already under notice (band {pod.band})"
+            elif tier < GANG:
+                cached = f"band {pod.band}, above its job's minimum"
+            else:
+                cached = (
+                    f"band {pod.band}; its gang ({pod.job}) goes whole rather than below its minimum of "
+                    f"{self.gang_min[pod.job]}"
+                )
+            self._whys[memo] = cached
+        return cached
+
+    def _domains_of(self, node: str) -> tuple[tuple[int, str | None], tuple[int, str | None]]:
+        domains = self._node_domains.get(node)
+        if domains is None:
+            view = self.nodes.get(node)
+            domains = ((0, view.network_pod), (1, view.gpu_model)) if view else ((0, None), (1, None))
+            self._node_domains[node] = domains
+        return domains
+
+    def _job_domains(self, job: str) -> dict[tuple[int, str | None], int]:
+        counts = self._domains.get(job)
+        if counts is None:
+            counts = {}
+            taken, pods, known, domains_of = self.taken, self.pods, self._node_domains, self._domains_of
+            for i in self.job_pods[job]:
+                if not taken[i]:
+                    node = pods[i].node
+                    a, b = known.get(node) or domains_of(node)
+                    counts[a] = counts.get(a, 0) + 1
+                    counts[b] = counts.get(b, 0) + 1
+            self._domains[job] = counts
+        return counts
+
+    def homogeneity(self, i: int) -> float:
         """Lower first: the share of its job in the pod's network pod and GPU model (taking a pod
         from where its job is thinnest leaves the rest more together)."""
-        if self.surplus(pod.job) <= 0:
+        job = self.pods[i].job
+        left = self.job_left[job]
+        if self.below_minimum(job):
             return 0.0  # the whole job goes: nothing of it stays behind to keep together
-        total = max(1, self.job_left.get(pod.job, 1))
-        counts = self._job_domains(pod.job)
-        return sum(counts.get(domain, 0) for domain in self._domains_of(pod)) / total
+        if left == 1:
+            return 2.0
+        counts = self._job_domains(job)
+        a, b = self._domains_of(self.pods[i].node)
+        return (counts.get(a, 0) + counts.get(b, 0)) / left
 
-    def numa_whole(self, pod: OurPod, chosen: set[str]) -> bool:
-        """Whether taking the pod (with those already chosen) empties its NUMA zone of ours."""
+    def numa_whole(self, i: int) -> bool:
+        """Whether taking the pod empties its NUMA zone of ours."""
+        pod = self.pods[i]
         if pod.numa_zone is None:
             return False
-        same = [k for k in self.on_node.get(pod.node, ()) if self.left[k].numa_zone == pod.numa_zone]
-        return all(k == pod.key or k in chosen for k in same)
+        return all(k == i or self.pods[k].numa_zone != pod.numa_zone for k in self.left_on(pod.node))
 
-    def unit_requests(self, pod: OurPod) -> dict[str, int]:
-        """What taking the pod frees: the pod, or its whole gang when below its minimum."""
-        if self.surplus(pod.job) > 0:
-            return dict(pod.requests)
-        return _sum(self.left[k] for k in self.by_job[pod.job])
+    def unit_requests(self, i: int) -> Mapping[str, int]:
+        members = self.unit_of(i)
+        if len(members) == 1:
+            return self.pods[i].requests
+        total: dict[str, int] = {}
+        for k in members:
+            for name, v in self.pods[k].requests.items():
+                total[name] = total.get(name, 0) + v
+        return total
 
-    def pod_key(self, pod: OurPod, *, need: Mapping[str, int], chosen: set[str]) -> tuple[object, ...]:
-        tier = self.tier_of(pod)
-        freed = pod.requests if self.surplus(pod.job) > 0 else self.unit_requests(pod)
-        cover = size = 0.0
-        for name, wanted in need.items():
-            if wanted > 0:
+    def ranked(self, entries: list[int], need: Mapping[str, int]) -> list[int]:
+        """Pods of one tier in the order of the rules after the band: whole machine, whole NUMA
+        zone, homogeneity, deletion cost, most of the need, least beyond it, name. (Runs over
+        thousands of pods: `homogeneity` and `below_minimum` inlined.)"""
+        wanted = [(k, v) for k, v in need.items() if v > 0]
+        pods, node_left, job_left, gang_min = self.pods, self.node_left, self.job_left, self.gang_min
+        domains_of, job_domains, domains = self._domains_of, self._job_domains, self._domains
+        keyed = []
+        for i in entries:
+            p = pods[i]
+            job = p.job
+            left = job_left[job]
+            m = gang_min.get(job)
+            freed: Mapping[str, int] = p.requests
+            if m is not None and left <= m:
+                freed, homogeneity = self.unit_requests(i), 0.0  # the whole gang goes
+            elif left == 1:
+                homogeneity = 2.0
+            else:
+                counts = domains.get(job) or job_domains(job)
+                a, b = domains_of(p.node)
+                homogeneity = (counts.get(a, 0) + counts.get(b, 0)) / left
+            cover = size = 0.0
+            for name, v in wanted:
                 got = freed.get(name, 0)
-                cover += (got if got < wanted else wanted) / wanted
-                size += got / wanted  # least given back beyond the need
-        return (
-            tier,
-            pod.numa_zone is None or not self.numa_whole(pod, chosen),
-            self.homogeneity(pod),
-            pod.deletion_cost,
-            -cover,
-            size,
-            pod.key,
-        )
+                cover += (got if got < v else v) / v
+                size += got / v
+            keyed.append(
+                (
+                    # the last of ours there first (empties a machine), then the last in its NUMA zone
+                    (node_left[p.node] != 1) * 2 + (p.numa_zone is None or not self.numa_whole(i)),
+                    homogeneity,
+                    p.deletion_cost,
+                    -cover,
+                    size,
+                    p.key,
+                    i,
+                )
+            )
+        keyed.sort()
+        return [k[-1] for k in keyed]
 
 
-def _why(tier: tuple[int, int], pod: OurPod) -> str:
-    band = f"band {pod.band}"
-    if tier[0] == NOTICED_TIER:
-        return f"already under notice ({band})"
-    if tier[0] == SURPLUS_TIER:
-        return f"{band}, above its job's minimum"
-    return f"{band}; its gang ({pod.job}) goes whole rather than below its minimum of {pod.gang_min}"
+# -- 1. unusable nodes --------------------------------------------------------------------------------
 
 
-def _tiers() -> list[tuple[int, int]]:
-    return [(t, b) for t in (NOTICED_TIER, SURPLUS_TIER, GANG_TIER) for b in sorted(set(BAND_RANK.values()))]
-
-
-def _units(state: _State, tier: tuple[int, int], nodes: set[str] | None) -> list[OurPod]:
-    """Pods takeable one by one at this tier or below (gang pods come as whole gangs)."""
-    out = []
-    for pod in state.left.values():
-        if nodes is not None and pod.node not in nodes:
-            continue
-        t = state.tier_of(pod)
-        if t <= tier:
-            out.append(pod)
-    return out
-
-
-def _take_unit(state: _State, pod: OurPod, reason_prefix: str, *, forced: bool = False) -> _Group:
-    tier = state.tier_of(pod)
-    if state.surplus(pod.job) <= 0:  # below its minimum (also a gang noticed earlier): all of it
-        group = _Group(state.gang(pod.job), f"{reason_prefix}{_why(tier, pod)}", forced=forced)
-    else:
-        group = _Group([pod], f"{reason_prefix}{_why(tier, pod)}", forced=forced)
-    state.take(group)
-    return group
-
-
-def _node_takeable(state: _State, node: str, tier: tuple[int, int]) -> list[OurPod] | None:
-    """All our pods on the node, if every one is takeable one by one at this tier without
-    pushing its job below its minimum (gangs go whole, elsewhere); else None."""
-    keys = state.on_node.get(node)
-    if not keys:
-        return None
-    pods = [state.left[k] for k in keys]
-    per_job: dict[str, int] = {}
-    for p in pods:
-        if state.tier_of(p) > tier:
-            return None
-        per_job[p.job] = per_job.get(p.job, 0) + 1
-    if any(state.surplus(j) < n for j, n in per_job.items()):
-        return None
-    return pods
-
-
-def _whole_nodes(state: _State, tier: tuple[int, int], need: dict[str, int], freed: dict[str, int]) -> None:
-    """Empty whole nodes whose every pod of ours is takeable one by one at this tier: the ones
-    that cover most first (fewest nodes in all), and for the last part, the smallest node that
-    covers it alone (least given back beyond the need)."""
-    if _covered(freed, need):
-        return
-    remaining = _remaining(need, freed)
-    sizes: list[tuple[float, str]] = []
-    for node in state.on_node:
-        pods = _node_takeable(state, node, tier)
-        if pods is not None:
-            cover = _coverage(_sum(pods), remaining)
-            if cover > 0:
-                sizes.append((cover, node))
-    sizes.sort(key=lambda s: (-s[0], s[1]))
-    for _, candidate in sizes:
-        if _covered(freed, need):
-            return
-        remaining = _remaining(need, freed)
-        node = candidate
-        pods = _node_takeable(state, node, tier)
-        if pods is None:
-            continue
-        total = _sum(pods)
-        if _covered(total, remaining):
-            # This one covers the rest alone: the smallest node that does instead.
-            alone = []
-            for other in state.on_node:
-                other_pods = _node_takeable(state, other, tier)
-                if other_pods is None:
-                    continue
-                other_total = _sum(other_pods)
-                if _covered(other_total, remaining):
-                    alone.append((sum(other_total.get(k, 0) / v for k, v in remaining.items()), other, other_pods))
-            _, node, pods = min(alone, key=lambda a: (a[0], a[1]))
-        if _coverage(_sum(pods), remaining) <= 0:
-            continue
-        pods.sort(key=lambda p: p.key)
-        reasons = sorted({_why(state.tier_of(p), p) for p in pods})
-        state.take(_Group(pods, f"empties node {node}: " + "; ".join(reasons)))
-        freed.update(quantities.add(freed, _sum(pods)))
-
-
-def _one_by_one(
-    state: _State, tier: tuple[int, int], need: dict[str, int], freed: dict[str, int], nodes: set[str] | None
-) -> None:
-    """Single pods (or whole gangs), in the order of the rules, until the need is covered."""
-    if _covered(freed, need):
-        return
-    remaining = _remaining(need, freed)
-    units = [p for p in _units(state, tier, nodes) if _coverage(p.requests, remaining) > 0]
-    units.sort(key=lambda p: state.pod_key(p, need=remaining, chosen=set()))
-    chosen: set[str] = set()
-    for pod in units:
-        if _covered(freed, need):
-            return
-        if pod.key not in state.left or _coverage(pod.requests, _remaining(need, freed)) <= 0:
-            continue
-        group = _take_unit(state, pod, "")
-        for p in group.pods:
-            chosen.add(p.key)
-            freed.update(quantities.add(freed, dict(p.requests)))
-
-
-def _prune(state: _State, need: Mapping[str, int], groups: list[_Group]) -> None:
-    """Give back, newest first, what the need turns out not to require."""
-    freed = _sum(p for g in groups for p in g.pods)
-    for group in reversed(list(groups)):
-        if group.forced:
-            continue
-        without = quantities.add(freed, _sum(group.pods), -1)
-        # Giving a pod back must not leave its job between none and its minimum (a limping gang).
-        back: dict[str, int] = {}
-        for pod in group.pods:
-            back[pod.job] = back.get(pod.job, 0) + 1
-        if any(0 < state.job_left[j] + n < state.job_min[j] for j, n in back.items()):
-            continue
-        if _covered(without, need):
-            freed = without
-            groups.remove(group)
-            state.give_back(group)
-
-
-def _place(state: _State, node: NodeView, pending: PendingPod) -> None:
-    """The pending pod takes room on the node: later pending pods see it used."""
-    state.nodes[node.name] = NodeView(
-        node.name,
-        node.allocatable,
-        quantities.add(dict(node.online_used), dict(pending.requests)),
-        node.ready,
-        node.schedulable,
-        node.network_pod,
-        node.gpu_model,
-        node.zone,
-    )
-
-
-def _serve_pending(state: _State, pending: PendingPod, labels_of: Mapping[str, Mapping[str, str]]) -> bool:
-    """Make room on one node for a pending online pod: the node where the cheapest victims do.
-    A pod that fits somewhere already is not waiting for us: it takes that room (so the next
-    pending pod does not count on it) and no pod of ours goes."""
-    options = []
-    feasible: list[tuple[NodeView, dict[str, int]]] = []
-    wanted = pending.requests.items()
-    selector = pending.node_selector
+def _drain_unusable(state: _State) -> None:
+    """Every pod of ours on a node we may not use goes, as a drain would take it."""
     for node in state.nodes.values():
-        if not (node.ready and node.schedulable) or (selector and not node.matches(selector, labels_of[node.name])):
+        if node.unusable is None:
             continue
-        ours_there, online, allocatable = state.ours_on(node.name), node.online_used, node.allocatable
-        need = {}
-        for k, v in wanted:
-            short = v - (allocatable.get(k, 0) - online.get(k, 0) - ours_there.get(k, 0))
-            if short > 0:
-                need[k] = short
-        if not need:
-            _place(state, node, pending)
+        for i in state.on_node.get(node.name, ()):
+            if not state.taken[i]:
+                state.take(i, f"{node.unusable}: our pods there go first; ", forced=True)
+
+
+# -- 2. waiting online pods ---------------------------------------------------------------------------
+
+
+class _Room:
+    """Room for waiting online pods, one node each. Nodes are ranked once per kind of pod
+    (constraints and requests); a choice re-ranks only the node it changed."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.placed: dict[str, dict[str, int]] = {}  # waiting pods placed, per node
+        self.kinds: dict[tuple[object, ...], tuple[dict[str, int], set[str], list[tuple[Cost, int, str]]]] = {}
+        self._labels: dict[str, dict[str, str]] = {}
+
+    def _fits(self, constraints: fit.Constraints, node: NodeView) -> bool:
+        if not (node.ready and node.schedulable):
             return False
-        if _covered(ours_there, need):
-            feasible.append((node, need))
-    for node, need in feasible:
-        ours = [state.left[k] for k in state.on_node.get(node.name, ())]
-        # Dry run: the victims this node would need, cheapest tier and biggest first (a cost
-        # estimate to compare nodes; the real choice below orders by every rule).
-        picked: list[OurPod] = []
-        got: dict[str, int] = {}
-        for pod in sorted(ours, key=lambda p: (state.tier_of(p), -_coverage(p.requests, need), p.key)):
-            if _covered(got, need):
-                break
-            if _coverage(pod.requests, _remaining(need, got)) <= 0:
+        if not constraints.node_selector and constraints.affinity is None:
+            return not node.taints or constraints.fits(node.name, {}, node.taints)
+        known = self._labels.get(node.name)
+        if known is None:
+            known = self._labels[node.name] = node.label_map()
+        return constraints.fits(node.name, known, node.taints)
+
+    def shortfall(self, node: NodeView, requests: Mapping[str, int]) -> dict[str, int] | None:
+        """What our pods on the node must free for the request (empty: it fits now); None when
+        even all of them would not do."""
+        placed = self.placed.get(node.name, {})
+        allocatable, online = node.allocatable, node.online_used
+        rooms = []
+        for k, v in requests.items():
+            room = allocatable.get(k, 0) - online.get(k, 0) - placed.get(k, 0)
+            if v > room:
+                return None
+            rooms.append((k, v - room))
+        ours = self.state.ours_on(node.name)
+        return {k: gap + ours.get(k, 0) for k, gap in rooms if gap + ours.get(k, 0) > 0}
+
+    def cost(self, node: NodeView, requests: Mapping[str, int]) -> Cost | None:
+        """How dear room on the node comes: the worst tier it takes, whether it empties the
+        node, how many victims (a dry run in tier order, biggest first); None: no room there.
+        Runs for every node a kind of waiting pod may use, so in one pass over our pods there."""
+        short = self.shortfall(node, requests)
+        if short is None:
+            return None
+        if not short:
+            return (-1, False, 0, node.name)
+        state = self.state
+        ours = state.left_on(node.name)
+        need = list(short.items())
+        ladder = []
+        for i in ours:
+            requests_i = state.pods[i].requests
+            cover = 0.0
+            for k, n in need:
+                a = requests_i.get(k, 0)
+                cover += (a if a < n else n) / n
+            if cover > 0:
+                ladder.append((state.tier(i), -cover, i))
+        ladder.sort()
+        got = dict.fromkeys(short, 0)
+        worst = count = 0
+        for tier, _, i in ladder:
+            requests_i = state.pods[i].requests
+            useful = done = False
+            for k, n in need:
+                if got[k] < n:
+                    useful = useful or requests_i.get(k, 0) > 0
+            if not useful:
                 continue
-            picked.append(pod)
-            got = quantities.add(got, dict(pod.requests))
-        worst = max(state.tier_of(p) for p in picked)
-        empties = len(picked) == len(ours)
-        options.append(((worst, not empties, len(picked), node.name), node, need))
-    if not options:
-        return False
-    _, node, need = min(options, key=lambda o: o[0])
+            worst, count = tier, count + 1
+            done = True
+            for k, n in need:
+                got[k] += requests_i.get(k, 0)
+                done = done and got[k] >= n
+            if done:
+                break
+        return (worst, count < len(ours), count, node.name)
+
+    def _kind(self, pending: PendingPod) -> list[tuple[Cost, int, str]]:
+        signature = (pending.constraints, tuple(sorted(pending.requests.items())))
+        kind = self.kinds.get(signature)
+        if kind is None:
+            requests = dict(pending.requests)
+            eligible = {n.name for n in self.state.nodes.values() if self._fits(pending.constraints, n)}
+            heap: list[tuple[Cost, int, str]] = []
+            for name in eligible:
+                cost = self.cost(self.state.nodes[name], requests)
+                if cost is not None:
+                    heap.append((cost, self.state.version.get(name, 0), name))
+            heapq.heapify(heap)
+            kind = self.kinds[signature] = (requests, eligible, heap)
+        return kind[2]
+
+    def _changed(self, name: str) -> None:
+        """Re-rank the node for every kind of pod that may go there."""
+        self.state.version[name] = self.state.version.get(name, 0) + 1
+        for requests, eligible, heap in self.kinds.values():
+            if name in eligible:
+                cost = self.cost(self.state.nodes[name], requests)
+                if cost is not None:
+                    heapq.heappush(heap, (cost, self.state.version[name], name))
+
+    def best(self, pending: PendingPod) -> tuple[str, Cost] | None:
+        heap = self._kind(pending)
+        version = self.state.version
+        while heap:
+            cost, seen, name = heap[0]
+            if seen == version.get(name, 0):
+                return name, cost
+            heapq.heappop(heap)  # ranked before the node changed
+        return None
+
+    def serve(self, pending: PendingPod) -> bool:
+        """Room for one waiting pod: victims on the node where they come cheapest. A pod that
+        fits somewhere already is not waiting for us: it takes that room (so the next waiting
+        pod does not count on it) and no pod of ours goes."""
+        best = self.best(pending)
+        if best is None:
+            return False
+        name, cost = best
+        if cost[0] >= 0:
+            short = self.shortfall(self.state.nodes[name], pending.requests) or {}
+            _room_on(self.state, name, short, f"makes room on {name} for waiting online pod {pending.key}: ")
+        self.placed[name] = quantities.add(self.placed.get(name, {}), dict(pending.requests))
+        self._changed(name)
+        return cost[0] >= 0
+
+
+def _room_on(state: _State, node: str, short: Mapping[str, int], prefix: str) -> None:
+    """The cheapest victims on the node that free `short` there; none could be spared."""
     freed: dict[str, int] = {}
-    chosen: set[str] = set()
-    while not _covered(freed, need):
-        ours = [state.left[k] for k in state.on_node.get(node.name, ())]
-        useful = [p for p in ours if _coverage(p.requests, _remaining(need, freed)) > 0]
+    taken: list[int] = []
+    while not _covered(freed, short):
+        remaining = _remaining(short, freed)
+        useful = [i for i in state.left_on(node) if _coverage(state.pods[i].requests, remaining) > 0]
         if not useful:
             break
-        pod = min(useful, key=lambda p: state.pod_key(p, need=_remaining(need, freed), chosen=chosen))
-        group = _take_unit(state, pod, f"makes room on {node.name} for waiting online pod {pending.key}: ", forced=True)
-        for p in group.pods:
-            chosen.add(p.key)
-            if p.node == node.name:
-                freed = quantities.add(freed, dict(p.requests))
-    _place(state, node, pending)
-    return True
+        cheapest = min(state.tier(i) for i in useful)
+        i = state.ranked([i for i in useful if state.tier(i) == cheapest], remaining)[0]
+        at = state.take(i, prefix, forced=True)
+        taken.append(at)
+        freed = quantities.add(freed, _on_node(state, at, node))
+    for at in reversed(taken):
+        entry = state.order[at]
+        assert isinstance(entry, _Unit)
+        without = quantities.add(freed, _on_node(state, at, node), -1)
+        if _covered(without, short) and not state.limps(entry.job, len(entry.pods)):
+            state.give_back(at)
+            freed = without
+
+
+def _on_node(state: _State, at: int, node: str) -> dict[str, int]:
+    entry = state.order[at]
+    total: dict[str, int] = {}
+    for k in _members(entry) if entry is not None else ():
+        if state.pods[k].node == node:
+            total = quantities.add(total, dict(state.pods[k].requests))
+    return total
+
+
+# -- 3. the member deficit ----------------------------------------------------------------------------
+
+
+class _Cover:
+    """Victims until the member-wide need is freed, then back what it does not require. Works on
+    the resources the need names only, as columns of per-pod amounts."""
+
+    def __init__(self, state: _State, need: Mapping[str, int]) -> None:
+        self.state = state
+        self.names = [k for k, v in need.items() if v > 0]
+        self.need = [need[k] for k in self.names]
+        self.amounts = [[p.requests.get(k, 0) for p in state.pods] for k in self.names]
+        self.freed = [0] * len(self.names)
+        for entry in state.order:
+            if entry is not None:
+                self._add(_members(entry), +1)
+        self.buckets: list[list[int]] = [[] for _ in range(TIERS)]
+        self.tiers = bytearray(len(state.pods))  # each pod's tier when sorted out; TIERS: frees nothing needed
+        self._open: list[str] = []  # nodes that may be emptied at the tier reached
+        self._by_tier: list[list[str]] | None = None
+        self._totals: dict[str, tuple[int, list[int]]] = {}
+
+    # Loops rather than any()/all() over generators in what runs once per pod: a generator costs
+    # more than the test it makes.
+    def covered(self) -> bool:
+        for f, n in zip(self.freed, self.need, strict=True):  # noqa: SIM110
+            if f < n:
+                return False
+        return True
+
+    def remaining(self) -> dict[str, int]:
+        return {k: n - f for k, n, f in zip(self.names, self.need, self.freed, strict=True) if n > f}
+
+    def _add(self, members: Iterable[int], sign: int) -> None:
+        for j, col in enumerate(self.amounts):
+            self.freed[j] += sign * sum(col[k] for k in members)
+
+    def useful(self, i: int) -> bool:
+        for col, f, n in zip(self.amounts, self.freed, self.need, strict=True):  # noqa: SIM110
+            if col[i] > 0 and f < n:
+                return True
+        return False
+
+    def run(self) -> None:
+        if self.covered():
+            return
+        self.sort_out()
+        for tier in range(TIERS):
+            if self.covered():
+                break
+            self.whole_nodes(tier)
+            self.one_by_one(tier)
+        self.prune()
+
+    def sort_out(self) -> None:
+        """Each pod left into its tier's bucket (the tier inlined: this runs for every pod)."""
+        state = self.state
+        taken, tiers, buckets = state.taken, self.tiers, self.buckets
+        gang_min, job_left, gang_band = state.gang_min, state.job_left, state.gang_band
+        rank = BAND_RANK.get
+        cols = self.amounts
+        useful: list[int] | list[bool] = cols[0] if len(cols) == 1 else [any(v) for v in zip(*cols, strict=True)]
+        for i, p in enumerate(state.pods):
+            if taken[i]:
+                continue
+            if not useful[i]:
+                tiers[i] = TIERS
+                continue
+            if p.noticed:
+                t = NOTICED + rank(p.band, 1)
+            else:
+                m = gang_min.get(p.job)
+                t = SURPLUS + rank(p.band, 1) if m is None or job_left[p.job] > m else GANG + gang_band[p.job]
+            tiers[i] = t
+            buckets[t].append(i)
+
+    # -- whole machines ------------------------------------------------------------------------------
+
+    def _nodes_by_tier(self) -> list[list[str]]:
+        """Nodes by the tier of their dearest pod of ours (a pod that frees nothing needed: never
+        taken whole, as it would be an extra victim)."""
+        if self._by_tier is None:
+            self._by_tier = [[] for _ in range(TIERS + 1)]
+            tiers, taken = self.tiers, self.state.taken
+            for node, members in self.state.on_node.items():
+                left = [tiers[i] for i in members if not taken[i]]
+                if left:
+                    self._by_tier[max(left)].append(node)
+        return self._by_tier
+
+    def _node_total(self, node: str) -> list[int]:
+        """What our pods left on the node free of each needed resource (kept while it is unchanged)."""
+        version = self.state.version.get(node, 0)
+        cached = self._totals.get(node)
+        if cached is None or cached[0] != version:
+            left = self.state.left_on(node)
+            cached = self._totals[node] = (version, [sum(col[i] for i in left) for col in self.amounts])
+        return cached[1]
+
+    def _takeable(self, node: str, tier: int) -> list[list[int]] | None:
+        """The node's pods as units, if all are takeable at this tier without a job limping."""
+        state = self.state
+        per_job: dict[str, list[int]] = {}
+        for i in state.left_on(node):
+            if state.tier(i) > tier:
+                return None
+            per_job.setdefault(state.pods[i].job, []).append(i)
+        units: list[list[int]] = []
+        for job, members in per_job.items():
+            m = state.gang_min.get(job)
+            if m is None or len(members) <= state.job_left[job] - m:
+                units.extend([i] for i in members)
+            elif len(members) == state.job_left[job]:
+                units.append(members)  # the whole gang is here
+            else:
+                return None
+        return units
+
+    def whole_nodes(self, tier: int) -> None:
+        """Empty whole nodes whose pods all fit within what is still needed, most first."""
+        self._open.extend(self._nodes_by_tier()[tier])
+        if self.covered() or not self._open:
+            return
+        state = self.state
+        sized = []
+        for node in self._open:
+            total = self._node_total(node)
+            if state.node_left[node] and all(t <= n - f for t, n, f in zip(total, self.need, self.freed, strict=True)):
+                sized.append((-sum(t / n for t, n in zip(total, self.need, strict=True)), node, total))
+        self._open = [node for _, node, _ in sized]  # the others are worth more than is still needed
+        for _, node, total in sorted(sized):
+            if any(t > n - f for t, n, f in zip(total, self.need, self.freed, strict=True)):
+                continue  # more than is still needed: extra victims
+            units = self._takeable(node, tier)
+            if units is None:
+                continue
+            for members in units:
+                reason = f"empties node {node}; {state.why(members[0])}"
+                state.take_exactly(members, reason, whole=len(members) > 1)
+                self._add(members, +1)
+
+    # -- one by one ----------------------------------------------------------------------------------
+
+    def one_by_one(self, tier: int) -> None:
+        """Single pods (or whole gangs) of this tier in the order of the rules until covered; in
+        no order when all of the tier is needed."""
+        state = self.state
+        taken, pods = state.taken, state.pods
+        entries = [i for i in self.buckets[tier] if not taken[i]]
+        if not entries or self.covered():
+            return
+        if tier >= GANG:  # one entry per gang: taking any of its pods takes all of it
+            entries = list({pods[i].job: i for i in reversed(entries)}.values())
+        short = [n - f for n, f in zip(self.need, self.freed, strict=True)]
+        if not any(r > 0 and sum(col[i] for i in entries) >= r for col, r in zip(self.amounts, short, strict=True)):
+            took, later = state.take_all(entries)  # all of the tier cannot cover the rest: all goes
+            self._add(took, +1)
+            for i in later:
+                self.buckets[state.tier(i)].append(i)  # its job reached its minimum: its gang comes later
+            return
+        entries = state.ranked(entries, self.remaining())  # the tier can cover the rest: in order
+        freed, cols = self.freed, self.amounts
+        for i in entries:
+            if self.covered():
+                return
+            if taken[i]:
+                continue
+            t = state.tier(i)
+            if t > tier:
+                self.buckets[t].append(i)  # its job reached its minimum: its gang comes later
+                continue
+            if not self.useful(i):
+                continue
+            if state.below_minimum(pods[i].job):
+                self._add(_members(state.order[state.take(i)] or 0), +1)
+            else:
+                state.take_single(i)
+                for j, col in enumerate(cols):
+                    freed[j] += col[i]
+
+    # -- no more than needed -------------------------------------------------------------------------
+
+    def _spare(self, members: list[int]) -> bool:
+        """Whether the need stays covered without these pods."""
+        for col, f, n in zip(self.amounts, self.freed, self.need, strict=True):
+            if f - sum(col[k] for k in members) < n:
+                return False
+        return True
+
+    def prune(self) -> None:
+        """Give back, newest first, what the need does not require; a gang taken whole may be
+        cut back to a part above its minimum that does."""
+        state = self.state
+        order, pods = state.order, state.pods
+        single = self.amounts[0] if len(self.amounts) == 1 else None
+        for at in range(len(order) - 1, -1, -1):
+            entry = order[at]
+            if entry is None or (isinstance(entry, _Unit) and entry.forced):
+                continue
+            if isinstance(entry, int):
+                spare = single[entry] <= self.freed[0] - self.need[0] if single else self._spare([entry])
+                if spare and not state.limps(pods[entry].job, 1):
+                    state.give_back(at)
+                    self._add([entry], -1)
+            elif self._spare(entry.pods) and not state.limps(entry.job, len(entry.pods)):
+                state.give_back(at)
+                self._add(entry.pods, -1)
+            elif entry.whole:
+                self._cut_gang(entry.job)
+
+    def _cut_gang(self, job: str) -> None:
+        """A gang taken whole when a part of it above its minimum would do: that part instead."""
+        state = self.state
+        most = len(state.job_pods[job]) - state.gang_min[job]  # the most it may lose one by one
+        if most <= 0 or state.job_left[job] > 0:
+            return
+        mine = [at for at, e in enumerate(state.order) if e is not None and state.pods[_members(e)[0]].job == job]
+        if any(isinstance(state.order[at], _Unit) and state.order[at].forced for at in mine):  # type: ignore[union-attr]
+            return
+        members = state.job_pods[job]
+        base = [f - sum(col[k] for k in members) for col, f in zip(self.amounts, self.freed, strict=True)]
+        part = self._part(members, most, base)
+        if part is None:
+            return
+        for at in mine:
+            state.give_back(at)
+        self._add(members, -1)
+        for k in part:
+            state.take_single(k)
+            self._add([k], +1)
+        for at in range(len(state.order) - len(part), len(state.order)):
+            entry = state.order[at]
+            if isinstance(entry, int) and self._spare([entry]):
+                state.give_back(at)
+                self._add([entry], -1)
+
+    def _part(self, members: list[int], most: int, base: list[int]) -> list[int] | None:
+        """The fewest of the gang's pods (no more than `most`) that, with `base` freed, cover."""
+        state = self.state
+        order = sorted(members, key=lambda k: (state.tier(k), state.pods[k].deletion_cost, state.pods[k].key))
+        tried = 0
+        for size in range(1, most + 1):
+            for combo in itertools.combinations(order, size):
+                tried += 1
+                if tried > SUBSETS_TRIED:
+                    return None
+                if all(
+                    b + sum(col[k] for k in combo) >= n for col, b, n in zip(self.amounts, base, self.need, strict=True)
+                ):
+                    return list(combo)
+        return None
 
 
 def plan(
@@ -482,42 +881,27 @@ def plan(
     deficit: Mapping[str, int] | None = None,
     pending: list[PendingPod] | None = None,
 ) -> Plan:
-    """The victims that free `deficit` member-wide and room for the `pending` online pods."""
+    """The victims that drain unusable nodes, make room for the `pending` online pods and free
+    `deficit` member-wide."""
     result = Plan(deficit={k: v for k, v in (deficit or {}).items() if v > 0})
-    if not result.deficit and not pending:
+    if not result.deficit and not pending and not any(n.unusable for n in nodes):
         return result  # nothing to give back (the usual case): every notice can be withdrawn
     state = _State(nodes, pods)
-    labels_of: dict[str, dict[str, str]] = {}
+    _drain_unusable(state)
     if pending:
-        for n in nodes:
-            known = (
-                ("nvidia.com/gpu.product", n.gpu_model),
-                ("vkprovider.io/network-pod", n.network_pod),
-                ("topology.kubernetes.io/zone", n.zone),
-            )
-            labels_of[n.name] = {k: v for k, v in known if v}
-    for waiting in sorted(pending or [], key=lambda p: (-p.priority, p.key)):
-        if _serve_pending(state, waiting, labels_of):
-            result.served.append(waiting.key)
-    need = dict(result.deficit)
-    freed = _sum(p for g in state.groups for p in g.pods)
-    groups_before = len(state.groups)
-    noticed = any(p.noticed for p in state.left.values())
-    present = {BAND_RANK.get(p.band, 1) for p in state.left.values()}
-    for tier in _tiers():
-        if _covered(freed, need):
-            break
-        if (tier[0] == NOTICED_TIER and not noticed) or tier[1] not in present:
-            continue  # nothing of ours sits at this tier: no need to look
-        _whole_nodes(state, tier, need, freed)
-        _one_by_one(state, tier, need, freed, None)
-    _prune(state, need, state.groups[groups_before:])
-    freed = _sum(p for g in state.groups for p in g.pods)
-    result.unmet = _remaining(need, freed)
-    for group in state.groups:
-        for pod in group.pods:
-            result.victims.append(Victim(pod, group.reason))
-    before = {p.node for p in pods}
-    after = {p.node for p in state.left.values()}
-    result.nodes_emptied = sorted(before - after)
+        room = _Room(state)
+        for waiting in sorted(pending, key=lambda p: (-p.priority, p.key)):
+            if room.serve(waiting):
+                result.served.append(waiting.key)
+    cover = _Cover(state, result.deficit)
+    cover.run()
+    result.unmet = cover.remaining()
+    victims = result.victims
+    for entry in state.order:
+        if isinstance(entry, int):
+            victims.append(Victim(pods[entry], state.reason(entry)))
+        elif entry is not None:
+            victims.extend(Victim(pods[k], entry.reason) for k in entry.pods)
+    emptied = {v.pod.node for v in victims}
+    result.nodes_emptied = sorted(n for n in emptied if state.node_left.get(n) == 0)
     return result

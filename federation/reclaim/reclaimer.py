@@ -24,8 +24,8 @@ from typing import Any
 
 from federation import labels
 from federation.capacity import quantities
-from federation.capacity.inventory import pod_requests
-from federation.capacity.summary import TRACKED, eligible, ours_canonical
+from federation.capacity.inventory import pod_requests, unusable_reason
+from federation.capacity.summary import TRACKED, ours_canonical
 from federation.members.member import Member
 from federation.members.pods import MemberPods
 from federation.reclaim import planner
@@ -204,7 +204,10 @@ class Reclaimer:
             by_key[key] = member_pod
         return out, by_key, leaving
 
-    def _plan(self, member: Member, ours: list[planner.OurPod], leaving: dict[str, int]) -> planner.Plan:
+    async def _plan(self, member: Member, ours: list[planner.OurPod], leaving: dict[str, int]) -> planner.Plan:
+        """The member's plan. Its inputs are copied here, on the loop (watch events change the
+        inventory in place); the arithmetic and the planner run in a worker thread, as they take
+        tens of milliseconds on a member of thousands of nodes and our pods."""
         if member.draining:
             reason = f"member {member.name} is being drained"
             return planner.Plan(victims=[planner.Victim(p, reason) for p in ours])
@@ -212,35 +215,19 @@ class Reclaimer:
         summary = member.summary
         if inventory is None or summary is None:
             return planner.Plan()
-        policy = member.config.capacity.policy()
+        tolerations = tuple(member.config.capacity.tolerations)
         nodes = [
-            planner.NodeView(
-                name=n.name,
-                allocatable=n.allocatable,
-                online_used=inventory.online_used.get(n.name, {}),
-                ready=n.ready,
-                schedulable=n.schedulable,
-                network_pod=n.network_pod,
-                gpu_model=n.gpu_product,
-                zone=n.zone,
+            planner.NodeView.of(
+                n, online_used=dict(inventory.online_used.get(n.name, {})), unusable=unusable_reason(n, tolerations)
             )
             for n in inventory.nodes.values()
         ]
-        # What our live pods hold, from the same watch as the pods themselves (the inventory's
-        # separate watch can lag a pod's deletion by a moment and would ask for it twice).
-        held: dict[str, int] = {}
-        for pod in ours:
-            held = quantities.add(held, ours_canonical(dict(pod.requests)))
-        held = {k: v for k, v in held.items() if k in TRACKED}
-        # Our pods on nodes we do not lend (cordoned, tainted) hold nothing we may keep there.
+        # Our pods on nodes we may not use are the planner's first victims, and what they free
+        # counts towards the deficit, which already leaves those nodes out: not asked twice.
         allowed = {k: v for k, v in summary.allowed.items() if k in TRACKED}
-        stranded = [p for p in ours if p.node in inventory.nodes and not eligible(inventory.nodes[p.node], policy)]
-        need = planner.deficit(held, allowed)
-        for p in stranded:
-            need = quantities.add(need, dict(p.requests))
         threshold = member.config.reclaim.online_threshold
         pending = [
-            planner.PendingPod(r.name, dict(r.requests), r.priority, dict(r.node_selector))
+            planner.PendingPod(r.name, dict(r.requests), r.priority, r.constraints)
             for r in inventory.pending.values()
             if r.priority >= threshold
         ]
@@ -250,7 +237,17 @@ class Reclaimer:
         keys = {p.key for p in pending}
         for gone in [k for k in self._pending_since if k not in keys]:
             del self._pending_since[gone]
-        return planner.plan(nodes=nodes, pods=ours, deficit=need, pending=pending)
+
+        def decide() -> planner.Plan:
+            # What our live pods hold, from the same watch as the pods themselves (the inventory's
+            # separate watch can lag a pod's deletion by a moment and would ask for it twice).
+            held: dict[str, int] = {}
+            for pod in ours:
+                held = quantities.add(held, ours_canonical(dict(pod.requests)))
+            need = planner.deficit({k: v for k, v in held.items() if k in TRACKED}, allowed)
+            return planner.plan(nodes=nodes, pods=ours, deficit=need, pending=pending)
+
+        return await asyncio.to_thread(decide)
 
     def _nothing_to_do(self, member: Member, pods: Any) -> bool:
         """The usual case, cheaply (without looking at every pod): nothing held beyond what the
@@ -260,6 +257,10 @@ class Reclaimer:
         inventory, summary = member.inventory(), member.summary
         if inventory is None or summary is None or inventory.pending:
             return False
+        if summary.nodes_eligible < summary.nodes_total and inventory.ours_on_unusable(
+            tuple(member.config.capacity.tolerations)
+        ):
+            return False  # our pods on a node we may not use: they go first
         held = {k: v for k, v in summary.ours_used.items() if k in TRACKED}
         return not planner.deficit(held, summary.allowed)
 
@@ -272,7 +273,7 @@ class Reclaimer:
             return
         self._swept.add(member.name)
         ours, by_key, leaving = await self._our_pods(member, pods)
-        plan = self._plan(member, ours, leaving)
+        plan = await self._plan(member, ours, leaving)
         now = time.time()
         view: list[dict[str, Any]] = []
         fresh: set[str] = set()

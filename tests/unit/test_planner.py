@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from federation.capacity.fit import Constraints
 from federation.reclaim.planner import NodeView, OurPod, PendingPod, plan
 
 CPU = "cpu"
@@ -264,7 +265,9 @@ def test_pending_pod_that_already_fits_takes_nothing() -> None:
 def test_pending_pod_respects_its_node_selector() -> None:
     nodes = [node("n1", online=80, gpu="T4"), node("n2", online=80, gpu="V100")]
     pods = [pod("t4", "n1", 15), pod("v100", "n2", 15)]
-    waiting = PendingPod("online/gpu", {CPU: 10_000}, node_selector={"nvidia.com/gpu.product": "V100"})
+    waiting = PendingPod(
+        "online/gpu", {CPU: 10_000}, constraints=Constraints(node_selector=(("nvidia.com/gpu.product", "V100"),))
+    )
     assert victims(plan(nodes=nodes, pods=pods, pending=[waiting])) == ["v100"]
 
 
