@@ -288,9 +288,10 @@ class _State:
         self._moved(i, -1)
         self.order.append(i)
 
-    def take_all(self, entries: list[int]) -> tuple[list[int], list[int]]:
-        """Every pod of a tier that all goes, those still above their job's minimum alone (the
-        hot path of `take_single`, inlined); (taken, those whose job reached its minimum)."""
+    def take_all(self, entries: list[int], tier: int) -> tuple[list[int], list[int]]:
+        """Every pod of a tier that all goes: those above their job's minimum alone (the hot path
+        of `take_single`, inlined), gangs whole; (taken, those whose tier rose meanwhile as their
+        job reached its minimum)."""
         pods, taken, node_left, job_left, gang_min = self.pods, self.taken, self.node_left, self.job_left, self.gang_min
         version, order = self.version, self.order
         took: list[int] = []
@@ -302,10 +303,10 @@ class _State:
             job = p.job
             m = gang_min.get(job)
             if m is not None and job_left[job] <= m:
-                if p.noticed:
-                    took.extend(_members(self.order[self.take(i)] or 0))
-                else:
+                if self.tier(i) > tier:
                     later.append(i)
+                else:
+                    took.extend(_members(self.order[self.take(i)] or 0))
                 continue
             taken[i] = 1
             node_left[p.node] -= 1
@@ -640,6 +641,7 @@ class _Cover:
         self.buckets: list[list[int]] = [[] for _ in range(TIERS)]
         self.tiers = bytearray(len(state.pods))  # each pod's tier when sorted out; TIERS: frees nothing needed
         self._open: list[str] = []  # nodes that may be emptied at the tier reached
+        self._reached: list[str] = []  # all nodes whose pods are all at the tier reached or below
         self._by_tier: list[list[str]] | None = None
         self._totals: dict[str, tuple[int, list[int]]] = {}
 
@@ -740,8 +742,10 @@ class _Cover:
         return units
 
     def whole_nodes(self, tier: int) -> None:
-        """Empty whole nodes whose pods all fit within what is still needed, most first."""
+        """Empty whole nodes whose pods all fit within what is still needed, most first; then
+        perhaps one that frees the rest alone (`_last_node`)."""
         self._open.extend(self._nodes_by_tier()[tier])
+        self._reached.extend(self._nodes_by_tier()[tier])
         if self.covered() or not self._open:
             return
         state = self.state
@@ -757,10 +761,51 @@ class _Cover:
             units = self._takeable(node, tier)
             if units is None:
                 continue
-            for members in units:
-                reason = f"empties node {node}; {state.why(members[0])}"
-                state.take_exactly(members, reason, whole=len(members) > 1)
-                self._add(members, +1)
+            self._empty(node, units)
+        if not self.covered():
+            self._last_node(tier)
+
+    def _empty(self, node: str, units: list[list[int]]) -> None:
+        for members in units:
+            reason = f"empties node {node}; {self.state.why(members[0])}"
+            self.state.take_exactly(members, reason, whole=len(members) > 1)
+            self._add(members, +1)
+
+    def _last_node(self, tier: int) -> None:
+        """A node that frees all that is still needed alone, when each of its pods is needed for
+        it and it takes no more victims than any choice could (no pod frees more than the
+        biggest left): of those, the one that gives back least beyond the need."""
+        rem = [n - f for n, f in zip(self.need, self.freed, strict=True)]
+        options = []
+        for node in self._reached:
+            total = self._node_total(node)
+            if not self.state.node_left[node] or any(t < r for t, r in zip(total, rem, strict=True)):
+                continue
+            units = self._takeable(node, tier)
+            if units is None or any(self._covers_without(total, members, rem) for members in units):
+                continue
+            beyond = sum(t / r for t, r in zip(total, rem, strict=True) if r > 0)
+            options.append((sum(len(u) for u in units), beyond, node, units))
+        if not options:
+            return
+        fewest = self._fewest_victims(tier, rem)
+        best = min((o for o in options if o[0] <= fewest), key=lambda o: (o[1], o[2]), default=None)
+        if best is not None:
+            self._empty(best[2], best[3])
+
+    def _covers_without(self, total: list[int], members: list[int], rem: list[int]) -> bool:
+        return all(t - sum(col[k] for k in members) >= r for t, col, r in zip(total, self.amounts, rem, strict=True))
+
+    def _fewest_victims(self, tier: int, rem: list[int]) -> int:
+        """A lower bound on the pods any choice at this tier takes to free `rem`."""
+        taken, tiers = self.state.taken, self.tiers
+        biggest = [0] * len(rem)
+        for t in range(tier + 1):
+            for i in self.buckets[t]:
+                if not taken[i] and tiers[i] <= tier:
+                    for j, col in enumerate(self.amounts):
+                        biggest[j] = max(biggest[j], col[i])
+        return max((-(-r // b) if b else 1 << 30) for r, b in zip(rem, biggest, strict=True) if r > 0)
 
     # -- one by one ----------------------------------------------------------------------------------
 
@@ -772,15 +817,15 @@ class _Cover:
         entries = [i for i in self.buckets[tier] if not taken[i]]
         if not entries or self.covered():
             return
-        if tier >= GANG:  # one entry per gang: taking any of its pods takes all of it
-            entries = list({pods[i].job: i for i in reversed(entries)}.values())
         short = [n - f for n, f in zip(self.need, self.freed, strict=True)]
         if not any(r > 0 and sum(col[i] for i in entries) >= r for col, r in zip(self.amounts, short, strict=True)):
-            took, later = state.take_all(entries)  # all of the tier cannot cover the rest: all goes
+            took, later = state.take_all(entries, tier)  # all of the tier cannot cover the rest: all goes
             self._add(took, +1)
             for i in later:
                 self.buckets[state.tier(i)].append(i)  # its job reached its minimum: its gang comes later
             return
+        if tier >= GANG:  # one entry per gang: taking any of its pods takes all of it
+            entries = list({pods[i].job: i for i in reversed(entries)}.values())
         entries = state.ranked(entries, self.remaining())  # the tier can cover the rest: in order
         freed, cols = self.freed, self.amounts
         for i in entries:
@@ -792,11 +837,10 @@ class _Cover:
             if t > tier:
                 self.buckets[t].append(i)  # its job reached its minimum: its gang comes later
                 continue
-            if not self.useful(i):
-                continue
             if state.below_minimum(pods[i].job):
-                self._add(_members(state.order[state.take(i)] or 0), +1)
-            else:
+                if any(self.useful(k) for k in state.unit_of(i)):  # the gang frees what is needed
+                    self._add(_members(state.order[state.take(i)] or 0), +1)
+            elif self.useful(i):
                 state.take_single(i)
                 for j, col in enumerate(cols):
                     freed[j] += col[i]

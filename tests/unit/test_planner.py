@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from federation.capacity.fit import Constraints
+from federation.capacity.fit import Constraints, Requirement, Term
 from federation.reclaim.planner import NodeView, OurPod, PendingPod, plan
 
 CPU = "cpu"
@@ -190,6 +190,54 @@ NODES = [node("n1", np="np0"), node("n2", np="np0"), node("n3", np="np1"), node(
             ["old"],
         ),
         (
+            "no over-reclaim (issue 34): sixteen 4-core pods on two nodes, a 4-core deficit: one pod",
+            [pod(f"a{i}", "n1", 4) for i in range(8)] + [pod(f"b{i}", "n2", 4) for i in range(8)],
+            cores(4),
+            ["a0"],
+        ),
+        (
+            "a machine's worth of need: a whole machine",
+            [pod(f"a{i}", "n1", 4) for i in range(8)] + [pod(f"b{i}", "n2", 4) for i in range(8)],
+            cores(32),
+            [f"a{i}" for i in range(8)],
+        ),
+        (
+            "a machine's worth and a little: the machine and one pod, not two machines",
+            [pod(f"a{i}", "n1", 4) for i in range(8)] + [pod(f"b{i}", "n2", 4) for i in range(8)],
+            cores(36),
+            [f"a{i}" for i in range(8)] + ["b0"],
+        ),
+        (
+            "a machine that frees the rest alone, every pod of it needed, no more victims than otherwise",
+            [
+                pod("a1", "n1", 6),
+                pod("a2", "n1", 6),
+                pod("b1", "n2", 6),
+                pod("b2", "n2", 6),
+                pod("bp", "n2", 1, band="ps"),
+            ],
+            cores(12),
+            ["a1", "a2"],
+        ),
+        (
+            "a whole machine is never bought with an extra victim",
+            [pod("a1", "n1", 3), pod("a2", "n1", 3), pod("b1", "n2", 4), pod("bp", "n2", 1, band="ps")],
+            cores(4),
+            ["b1"],
+        ),
+        (
+            "a noticed pod that is no longer enough is kept, one more is added, nothing spare",
+            [pod("old", "n1", 4, noticed=True), pod("x", "n2", 8), pod("y", "n3", 4)],
+            cores(8),
+            ["old", "y"],
+        ),
+        (
+            "a noticed pod that a bigger choice makes spare is given back",
+            [pod("old", "n1", 2, noticed=True), pod("big", "n2", 10), pod("k", "n2", 1, band="ps")],
+            cores(10),
+            ["big"],
+        ),
+        (
             "and dropped when no longer needed",
             [pod("old", "n1", 10, noticed=True), pod("keep", "n1", 5, band="ps")],
             {},
@@ -201,6 +249,37 @@ def test_ordering_rules(rule: str, pods: list[OurPod], need: dict[str, int], exp
     result = plan(nodes=NODES, pods=pods, deficit=need)
     assert victims(result) == sorted(expected), rule
     assert not result.unmet, rule
+
+
+def unusable(name: str, why: str) -> NodeView:
+    return NodeView(name, {CPU: 96_000, "pods": 110}, {CPU: 0}, unusable=why)
+
+
+def test_pods_on_a_cordoned_node_go_first_and_count_towards_the_deficit() -> None:
+    nodes = [unusable("n1", "node n1 is cordoned"), node("n2")]
+    pods = [pod("stranded", "n1", 10, band="ps"), pod("w", "n2", 10)]
+    # The deficit (10 cores) already leaves n1 out: the stranded pod covers it, nothing else goes.
+    result = plan(nodes=nodes, pods=pods, deficit=cores(10))
+    assert victims(result) == ["stranded"]
+    assert result.victims[0].reason.startswith("node n1 is cordoned")
+    # And it goes with no deficit at all, as a drain would take it.
+    assert victims(plan(nodes=nodes, pods=pods, deficit={})) == ["stranded"]
+
+
+def test_a_ps_on_a_cordoned_node_goes_first_not_the_workers_one_round_at_a_time() -> None:
+    nodes = [unusable("n1", "node n1 has taint maintenance:NoExecute"), node("n2")]
+    gang = [pod("ps", "n1", 4, band="ps", job="g", gang_min=2)]
+    gang += [pod(f"w{i}", "n2", 4, band="worker-min", job="g", gang_min=2) for i in range(3)]
+    result = plan(nodes=nodes, pods=gang, deficit=cores(4))
+    assert victims(result) == ["ps"]
+    assert "NoExecute" in result.victims[0].reason
+
+
+def test_a_gang_at_its_minimum_with_a_pod_on_an_unusable_node_goes_whole() -> None:
+    nodes = [unusable("n1", "node n1 is NotReady"), node("n2")]
+    gang = [pod("g0", "n1", 4, job="g", gang_min=3), pod("g1", "n2", 4, job="g", gang_min=3)]
+    gang += [pod("g2", "n2", 4, job="g", gang_min=3), pod("other", "n2", 4)]
+    assert victims(plan(nodes=nodes, pods=gang, deficit={})) == ["g0", "g1", "g2"]
 
 
 def test_a_smaller_gang_goes_before_a_bigger_one_and_never_limps() -> None:
@@ -277,3 +356,55 @@ def test_pending_pods_and_a_deficit_together_do_not_double_count() -> None:
     result = plan(nodes=nodes, pods=pods, deficit=cores(15), pending=[PendingPod("online/x", {CPU: 10_000})])
     # "a" makes room for the waiting pod and also covers the 15-core deficit.
     assert victims(result) == ["a"]
+
+
+def _labelled(name: str, labels: dict[str, str], *, taints: tuple[tuple[str, str, str], ...] = ()) -> NodeView:
+    return NodeView(
+        name, {CPU: 96_000, "pods": 110}, {CPU: 70_000}, labels=tuple(sorted(labels.items())), taints=taints
+    )
+
+
+GPU_TAINT = ("dedicated", "gpu", "NoSchedule")
+
+
+def _waiting(constraints: Constraints) -> PendingPod:
+    return PendingPod("online/web", {CPU: 20_000}, constraints=constraints)
+
+
+def test_a_waiting_pod_selecting_a_label_no_node_has_gets_no_victim() -> None:
+    nodes = [_labelled("n1", {"pool": "batch"}), _labelled("n2", {"pool": "db"})]
+    pods = [pod("a", "n1", 15), pod("b", "n2", 15)]
+    result = plan(nodes=nodes, pods=pods, pending=[_waiting(Constraints(node_selector=(("pool", "web"),)))])
+    assert victims(result) == [] and result.served == []
+
+
+def test_a_waiting_pod_gets_room_only_where_its_affinity_and_tolerations_let_it() -> None:
+    ssd: Requirement = ("disk", "In", ("ssd",))
+    affinity: tuple[Term, ...] = (((ssd,), ()),)
+    tolerations = (("dedicated", "Equal", "gpu", "NoSchedule"),)
+    nodes = [
+        _labelled("n1", {"disk": "hdd"}, taints=(GPU_TAINT,)),  # tolerated, wrong disk
+        _labelled("n2", {"disk": "ssd"}, taints=(("other", "", "NoExecute"),)),  # right disk, not tolerated
+        _labelled("n3", {"disk": "ssd"}, taints=(GPU_TAINT,)),  # both
+        _labelled("n4", {"disk": "ssd"}),  # both (no taint)
+    ]
+    pods = [
+        pod("a", "n1", 15),
+        pod("b", "n2", 15),
+        pod("c", "n3", 15, band="worker-min"),
+        pod("d", "n4", 15, band="ps"),
+    ]
+    waiting = _waiting(Constraints(affinity=affinity, tolerations=tolerations))
+    result = plan(nodes=nodes, pods=pods, pending=[waiting])
+    assert victims(result) == ["c"]  # cheaper than the PS on n4; never n1 or n2
+    without = _waiting(Constraints(affinity=affinity))
+    assert victims(plan(nodes=nodes, pods=pods, pending=[without])) == ["d"]  # n4 only: no toleration
+
+
+def test_waiting_pods_of_one_kind_each_get_their_own_node() -> None:
+    nodes = [node(f"n{i}", online=70) for i in range(1, 4)]
+    pods = [pod(f"w{i}", f"n{i}", 15) for i in range(1, 4)]
+    waiting = [PendingPod(f"online/web-{i}", {CPU: 20_000}) for i in range(3)]
+    result = plan(nodes=nodes, pods=pods, pending=waiting)
+    assert victims(result) == ["w1", "w2", "w3"]
+    assert sorted(result.served) == [w.key for w in waiting]
