@@ -30,6 +30,7 @@ from federation.capacity.nodes import VirtualNodes
 from federation.config import FederationConfig, MemberConfig
 from federation.dispatch.dispatcher import Dispatcher
 from federation.dispatch.gang import GangMetrics
+from federation.dispatch.jobstate import Job
 from federation.dispatch.webhook import RoutingWebhook
 from federation.members import disruption
 from federation.members.announcer import Announcer
@@ -51,7 +52,8 @@ from federation.view import page
 from federation.view.tide import FleetMetrics, Tide, TideMetrics
 from vkprovider import podstatus
 from vkprovider.events import EventRecorder
-from vkprovider.kube import ClusterAccess, KubeClient
+from vkprovider.kube import ApiError, ClusterAccess, KubeClient
+from vkprovider.logs import get as get_logger
 from vkprovider.objects import Pod, PodStatus, pod_key
 from vkprovider.podstore import PodStore
 from vkprovider.provider import (
@@ -72,6 +74,7 @@ class FederationProvider:
     ) -> None:
         self.config = config
         self.node_name = node_name
+        self._log = get_logger("federation", node=node_name)
         #: Whose objects in the members are ours: this node's name, of this front end (learnt in run).
         self.owner = labels.Owner(node_name)
         self._client: KubeClient | None = None
@@ -104,10 +107,11 @@ class FederationProvider:
             virtual_nodes=self.node_names,
         )
         self.last_logs = LastLogs(per_pod=config.kept_log_bytes)
-        self.reclaimer = Reclaimer(members=self.fleet.serving, instance=node_name, keep_logs=self.last_logs.keep)
+        self.reclaimer = Reclaimer(members=self.fleet.serving, instance=node_name, keep_logs=self.last_logs.keep_member)
         self.reclaimer.job_notices.native_pods = self.dispatcher.native_pods.pods
         self.reclaimer.reports.split.native_pods = self.dispatcher.native_pods.pods
         self.reclaimer.reports.split.gang_min = self._gang_min
+        self.dispatcher.gangs.on_timeout = self._split_after_timeout
         self.orphans = OrphanReconciler(
             members=self.fleet.serving, node_of=self.nodes.node_of, interval=config.orphan_interval
         )
@@ -118,6 +122,17 @@ class FederationProvider:
         )
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
         self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
+
+    async def _split_after_timeout(self, job: Job) -> None:
+        """A hybrid gang whose virtual part no member could host: its native part is told."""
+        first = next(iter(job.pods), None)
+        if not job.native or first is None:
+            return
+        try:
+            target = await self.reclaimer.reports.job_object(job.ref.key, first)
+            await self.reclaimer.reports.split.check(None, job.ref.key, target)
+        except ApiError as exc:
+            self._log.warning("split gang not told", job=job.ref.key, error=str(exc))
 
     def _gang_min(self, job_key: str) -> int | None:
         """A dispatched job's whole gang minimum (native and virtual pods together)."""
@@ -154,6 +169,7 @@ class FederationProvider:
             on_disrupted=self.reclaimer.reports.disrupted,
             tombstones=self.dispatcher.reports.tombstones,
             on_listed=self.orphans.request,
+            on_terminating=self.last_logs.keep_soon,
         )
 
     def _reachability_changed(self, member: Member, before: Outage | None) -> None:
@@ -231,6 +247,7 @@ class FederationProvider:
                 task.cancel()
             self.fleet.stop()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.last_logs.close()
 
     # -- what people read (federation.view) -----------------------------------------------------
 
@@ -312,13 +329,15 @@ class FederationProvider:
     def _gone_while_down(self, key: str) -> Pod | None:
         """A front-end pod that ran in a member whose member pod went away while no provider
         watched: taken away, never ProviderPodLost (federation.members.disruption)."""
-        front = self.dispatcher.front_pods.get(key)
+        cache = self.reclaimer.front_pods  # the runtime's cache of every front-end pod of ours
+        front = cache.get(key) if cache is not None else None
         if front is None or not podstatus.is_accepted(front) or podstatus.is_terminal(front):
             return None
         member = (front["metadata"].get("annotations") or {}).get(labels.MEMBER)
         if not member or member not in self.fleet.serving():
             return None
         what = disruption.gone_unseen(front, member=member)
+        self.reclaimer.reports.disrupted_front(member, front, what.pod_reason)
         return {
             "metadata": front["metadata"],
             "spec": front["spec"],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,6 +84,9 @@ class Gangs:
         self._events = events
         #: Set with the provider's metrics.
         self.metrics: GangMetrics | None = None
+        #: Told of a job whose gang timed out everywhere (a hybrid job's native part may now be
+        #: a split gang below its minimum: federation.reclaim.splitgang).
+        self.on_timeout: Callable[[Job], Awaitable[None]] | None = None
         self._log = logs.get("dispatch", instance=instance)
 
     async def _native(self, job: Job, *, fresh: bool = False) -> int:
@@ -184,6 +187,8 @@ class Gangs:
         tried = f" (tried: {', '.join(sorted(job.excluded))})" if job.excluded else ""
         message = f"no member bound the gang of {job.gang.min_member} within {job.gang.timeout:.0f}s{tried}"
         await self.emit(job, "GangTimeout", message)
+        if self.on_timeout is not None:
+            await self.on_timeout(job)
 
     async def emit(self, job: Job, reason: str, message: str) -> None:
         """A Warning Event on each pod of the job."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from federation.members.member import Member
 from federation.members.pods import MemberPods
 from vkprovider import logs
-from vkprovider.kube import ApiError
+from vkprovider.kube import ApiError, KubeClient
 
 PER_POD = 1 << 20
 TOTAL = 64 << 20
@@ -46,17 +46,41 @@ class LastLogs:
     def __init__(self, *, per_pod: int = PER_POD, total: int = TOTAL) -> None:
         self.per_pod = per_pod
         self._kept: LRUCache[str, dict[str, bytes]] = LRUCache(maxsize=max(1, total), getsizeof=_size)
+        self._uids: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=600)  # pods kept or being kept
+        self._tasks: set[asyncio.Task[None]] = set()
         self._log = logs.get("lastlogs")
+
+    def keep_soon(self, client: KubeClient | None, member_pod: dict[str, Any]) -> None:
+        """Keep a terminating member pod's log in the background (once per pod)."""
+        uid = member_pod["metadata"].get("uid", "")
+        if client is None or self.per_pod <= 0 or uid in self._uids:
+            return
+        self._uids[uid] = True
+        task = asyncio.create_task(self.keep(client, member_pod), name=f"lastlogs/{MemberPods.origin(member_pod)}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop reads in flight (bounded: each is cancelled, none awaited longer)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def get(self, key: str, container: str) -> bytes | None:
         """The kept end of a container's log of front-end pod `key`, if any."""
         found = self._kept.get(key)
         return None if found is None else found.get(container)
 
-    async def keep(self, member: Member, member_pod: dict[str, Any]) -> None:
-        """Read and keep the end of every container's log of a member pod about to go."""
+    async def keep_member(self, member: Member, member_pod: dict[str, Any]) -> None:
+        """Reclaim's hook: the log of a member pod it is about to delete."""
         pods = member.pods
-        if self.per_pod <= 0 or pods is None or pods.client is None:
+        if pods is not None and pods.client is not None:
+            self._uids[member_pod["metadata"].get("uid", "")] = True
+            await self.keep(pods.client, member_pod)
+
+    async def keep(self, client: KubeClient, member_pod: dict[str, Any]) -> None:
+        """Read and keep the end of every container's log of a member pod about to go."""
+        if self.per_pod <= 0:
             return
         meta = member_pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log"
@@ -66,7 +90,7 @@ class LastLogs:
             buffer = bytearray()
             try:
                 async with asyncio.timeout(READ_TIMEOUT):
-                    async for chunk in pods.client.stream(path, params={"container": name}):
+                    async for chunk in client.stream(path, params={"container": name}):
                         buffer += chunk
                         if len(buffer) > 2 * self.per_pod:
                             del buffer[: len(buffer) - self.per_pod]

@@ -54,8 +54,10 @@ class MemberPods:
         tombstones: Tombstones | None = None,
         on_listed: Callable[[str], None] | None = None,
         scope: NamespaceScope | None = None,
+        on_terminating: Callable[[KubeClient | None, dict[str, Any]], None] | None = None,
     ) -> None:
         self.name = name
+        self._on_terminating = on_terminating
         self.access = access
         self._fence = fence
         self._on_disrupted = on_disrupted
@@ -177,6 +179,9 @@ class MemberPods:
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Failed":
             self._disrupted(pod, gone=False)  # stopped in place (the kubelet evicted it)
+        uid = pod["metadata"].get("uid", "")
+        if pod["metadata"].get("deletionTimestamp") and uid not in self._expected and self._on_terminating:
+            self._on_terminating(self.client, pod)  # taken away in the member: its log, while it lasts
         # The phase the front-end pod follows: none while the member pod is going away.
         self._on_change(key, None if pod["metadata"].get("deletionTimestamp") else phase)
 

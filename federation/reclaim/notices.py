@@ -193,8 +193,9 @@ class Notices:
         """Drop this run's memory of withdrawals both watches now reflect."""
         for key, member_pod in by_key.items():
             uid = member_pod["metadata"].get("uid", "")
-            written = _annotations(member_pod).get(labels.RECLAIM_AT) or front_ann(key).get(labels.RECLAIM_AT)
-            if uid in self._cancelled and not written:
+            if uid not in self._cancelled:
+                continue
+            if not (_annotations(member_pod).get(labels.RECLAIM_AT) or front_ann(key).get(labels.RECLAIM_AT)):
                 self._cancelled.discard(uid)
 
     def period(self, member: Member, member_pod: dict[str, Any]) -> terms.Period:

@@ -88,6 +88,9 @@ class Reclaimer:
         self.front_pods: Any = None
         self.front_listed: asyncio.Event | None = None
         self._fronts: dict[str, dict[str, str]] = {}  # this round: member pod key -> front annotations
+        #: Member pod keys whose front-end pod carried a notice when last read: read again each
+        #: round (a front-end notice without its member half is what a restart can leave).
+        self._front_noticed: set[str] = set()
         self.answers = Answers(notices=self.notices, events=lambda: self.events)
         self.job_notices = JobNotices(front=lambda: self.front, instance=instance)
         #: What the resource view and `vkprovider status` show: per member, the plan now.
@@ -142,6 +145,17 @@ class Reclaimer:
 
     # -- one member ------------------------------------------------------------------------------
 
+    def front_of(self, key: str, member_pod: dict[str, Any]) -> dict[str, str]:
+        """The front-end pod's annotations, read once per round (decoding a cached pod costs)."""
+        found = self._fronts.get(key)
+        if found is None:
+            found = self._fronts[key] = self.front_annotations(member_pod)
+            if found.get(labels.RECLAIM_AT):
+                self._front_noticed.add(key)
+            else:
+                self._front_noticed.discard(key)
+        return found
+
     def front_annotations(self, member_pod: dict[str, Any]) -> dict[str, str]:
         """The annotations of the front-end pod a member pod runs, as the runtime's cache holds
         it (empty when it does not, or holds another pod of that name)."""
@@ -179,7 +193,9 @@ class Reclaimer:
             uid = meta.get("uid", "")
             annotations = meta.get("annotations") or {}
             key = f"{meta['namespace']}/{meta['name']}"
-            front_ann = self._fronts[key] = self.front_annotations(member_pod)
+            # Every front-end pod once after a start; then only those a notice may stand on.
+            sweep = member.name not in self._swept or key in self._front_noticed
+            front_ann = self.front_of(key, member_pod) if sweep or annotations.get(labels.RECLAIM_AT) else {}
             noticed = self.notices.stands(uid, annotations, front_ann)
             try:
                 gang_min = int(annotations.get(labels.GANG_MIN) or 0)
@@ -271,8 +287,8 @@ class Reclaimer:
         if self._nothing_to_do(member, pods):
             self.pending[member.name] = []
             return
-        self._swept.add(member.name)
         ours, by_key, leaving = await self._our_pods(member, pods)
+        self._swept.add(member.name)
         plan = await self._plan(member, ours, leaving)
         now = time.time()
         view: list[dict[str, Any]] = []
@@ -284,7 +300,7 @@ class Reclaimer:
             if member_pod is None:
                 continue
             uid = member_pod["metadata"].get("uid", "")
-            front = self._fronts.get(victim.pod.key, {})
+            front = self.front_of(victim.pod.key, member_pod)
             self._unneeded_since.pop(uid, None)
             deadline = self.notices.deadline(member_pod, front)
             if deadline is None and uid not in self._chosen_before.get(member.name, set()):
@@ -310,17 +326,14 @@ class Reclaimer:
         # A round's notices go out together, with one deadline per notice length, and pods whose
         # deadline has come go together: a gang is noticed and deleted all at once.
         await asyncio.gather(
-            *(
-                self.notices.give(member, mp, v, now=now, front_ann=self._fronts.get(v.pod.key, {}))
-                for mp, v in to_notice
-            )
+            *(self.notices.give(member, mp, v, now=now, front_ann=self.front_of(v.pod.key, mp)) for mp, v in to_notice)
         )
         await self._tell_jobs(member, ours, by_key)
         await asyncio.gather(*(self._execute(member, mp, v, plan) for mp, v in to_delete))
         await self._withdraw_unneeded(member, ours, by_key, {v.pod.key for v in plan.victims})
         self.pending[member.name] = view
         self._chosen_before[member.name] = fresh
-        self.notices.forget_seen(by_key, lambda key: self._fronts.get(key, {}))
+        self.notices.forget_seen(by_key, lambda key: self.front_of(key, by_key[key]))
 
     async def _withdraw_unneeded(
         self, member: Member, ours: list[planner.OurPod], by_key: dict[str, dict[str, Any]], wanted: set[str]
@@ -342,8 +355,10 @@ class Reclaimer:
             member_pod = by_key[pod.key]
             annotations = member_pod["metadata"].get("annotations") or {}
             job_key = annotations.get(labels.JOB_KEY) or ""
-            front = self._fronts.get(pod.key, {})
+            front = self._fronts.get(pod.key, {})  # as read this round (all of them after a start)
             self.job_notices.seen(member.name, job_key, front)
+            if not pod.noticed:
+                continue
             deadline = self.notices.deadline(member_pod, front)
             if job_key and deadline is not None and self.notices.armed(member_pod):
                 name = MemberPods.origin(member_pod).partition("/")[2]

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cachetools import TTLCache
+
 from federation import jobs, labels
 from federation.jobs import GROUP_RESOURCES, JobRef
 from federation.members import disruption
@@ -47,6 +49,7 @@ class JobReports:
         self._metrics = metrics
         self._pending: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (member, job key) -> pods
         self._log = logs.get("reclaim")
+        self._queued: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=3600)  # front uids reported
         self.split = SplitGangs(front=front, events=events)
 
     def disrupted(self, member: str, member_pod: dict[str, Any], what: disruption.Disruption) -> None:
@@ -63,12 +66,17 @@ class JobReports:
         origin = MemberPods.origin(member_pod)
         self._pending.setdefault((member, job), []).append((origin, what.pod_reason))
 
-    def disrupted_front(self, member: str, front: dict[str, Any]) -> None:
+    def disrupted_front(self, member: str, front: dict[str, Any], reason: str | None = None) -> None:
         """A front-end pod ended by a disruption its job was not told of yet (found after a
-        restart: the report of the run that ended it may not have landed)."""
+        restart: gone while no provider ran, or the report of the run that ended it did not
+        land). Once per pod."""
         meta = front["metadata"]
+        uid = meta.get("uid", "")
+        if uid in self._queued:
+            return
+        self._queued[uid] = True
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        reason = (front.get("status") or {}).get("reason") or "Reclaimed"
+        reason = reason or (front.get("status") or {}).get("reason") or "Reclaimed"
         self._pending.setdefault((member, jobs.job_of(front).key), []).append((key, reason))
 
     async def flush(self) -> None:

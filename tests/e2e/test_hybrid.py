@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,15 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         assert member == "member-1"
         await online.set_load(lab.kubeconfig(member), cpu_share=0.95, pod_cpu=90, name="hybrid", wait=True)
         try:
+            # The whole job hears of the notice: the native launcher names the leaving workers.
+            async def launcher_told() -> dict[str, Any] | None:
+                value = (await by_name(offline, ns))["launcher"]["metadata"].get("annotations", {})
+                notice = value.get(labels.RECLAIM_NOTICE)
+                return json.loads(notice) if notice else None
+
+            told_launcher = await eventually(launcher_told, timeout=60, interval=0.1, what="the launcher's notice")
+            assert {p["name"] for p in told_launcher["pods"]} <= set(elastic), told_launcher
+            assert told_launcher["deadline"] and all(p["reclaimAt"] for p in told_launcher["pods"])
 
             async def elastic_reclaimed() -> dict[str, dict[str, Any]] | None:
                 now = await by_name(offline, ns)
@@ -180,6 +190,12 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
                 return reasons if "PodsReclaimed" in reasons else None
 
             await eventually(told, timeout=30, what="PodsReclaimed on the PodGroup")
+
+            async def launcher_cleared() -> bool:
+                now = await by_name(offline, ns)
+                return labels.RECLAIM_NOTICE not in now["launcher"]["metadata"].get("annotations", {})
+
+            await eventually(launcher_cleared, timeout=30, what="the launcher's notice cleared once they left")
         finally:
             await online.set_load(lab.kubeconfig(member), cpu_share=0, pod_cpu=90, name="hybrid")
 
@@ -244,6 +260,30 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
             )
         assert gang["spec"]["schedulingPolicy"]["gang"]["minCount"] == 2
 
+        # One virtual pod taken away in the member leaves 3 of a minimum of 4: the job is told on
+        # its PodGroup, and with `split-gang: end` its native pods are ended too.
+        await offline.patch(
+            f"{PODGROUPS}/namespaces/{ns}/podgroups/ok", {"metadata": {"annotations": {labels.SPLIT_GANG: "end"}}}
+        )
+        async with lab.client(member) as client:
+            await client.delete(f"/api/v1/namespaces/{ns}/pods/ok-v0", params={"gracePeriodSeconds": 0})
+
+        async def below() -> dict[str, Any] | None:
+            listed = await offline.list(
+                f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangBelowMinimum"}
+            )
+            found = [e for e in listed["items"] if e["involvedObject"]["kind"] == "PodGroup"]
+            return found[0] if found else None
+
+        event = await eventually(below, timeout=30, what="GangBelowMinimum on the PodGroup")
+        assert event["involvedObject"]["name"] == "ok" and "policy end" in event["message"], event
+
+        async def natives_ended() -> bool:
+            now = await by_name(offline, ns)
+            return all(n not in now or now[n]["metadata"].get("deletionTimestamp") for n in ("ok-n0", "ok-n1"))
+
+        await eventually(natives_ended, timeout=30, what="the native half ended")
+
         # The same split, but no member can host the virtual 2 (9 GPUs each, 8 per node at most):
         # they end GangTimeout with an Event after the gang's timeout, and no member ever holds one.
         await offline.create(
@@ -276,6 +316,24 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
         # Each pod's Event is its own create, sent after the job's pods were woken for their
         # Failed status: a status may be seen before the last Event (a full run, 97f3bd8).
         await eventually(told, timeout=15, what="a GangTimeout Event on each virtual pod")
+
+        # Its native half is below the minimum with nothing to wait for: the job is told on its
+        # PodGroup; the default policy (keep) leaves the native pods running, marked.
+        async def big_below() -> dict[str, Any] | None:
+            listed = await offline.list(
+                f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangBelowMinimum"}
+            )
+            found = [e for e in listed["items"] if e["involvedObject"]["name"] == "big"]
+            return found[0] if found else None
+
+        big_event = await eventually(big_below, timeout=15, what="GangBelowMinimum on the big PodGroup")
+        assert "policy keep" in big_event["message"], big_event
+        natives = await by_name(offline, ns)
+        for i in range(2):
+            status = natives[f"big-n{i}"]["status"]
+            assert status.get("phase") == "Running", status
+            marks = [c for c in status.get("conditions") or [] if c["type"] == "vkprovider.io/GangBelowMinimum"]
+            assert marks and marks[0]["status"] == "True", status
         await asyncio.sleep(1)
         watch.check()
         assert not any(watch.seen.values()), f"a member held pods of a gang it could not host: {watch.seen}"

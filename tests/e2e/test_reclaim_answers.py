@@ -1,0 +1,151 @@
+"""The workload answers its notice, end to end on the lab (issue 34): `checkpointed-at` releases
+its pod at once, `checkpoint-extend` is granted up to the member's maximum and refused beyond,
+a bad notice annotation is named in a Warning Event, and `kubectl logs` on a reclaimed pod
+prints the last lines its member pod wrote."""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from e2e import lab as lab_mod
+from e2e.fixtures import Lab
+from tests.e2e.helpers import eventually
+from tests.e2e.reclaim_scene import Scene, front_pod, start_scene, stop_scene
+from tests.e2e.test_member_logs import append
+from vkprovider.kube import KubeClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+
+NOTICE = 6.0
+MAXIMUM = 20.0
+RECLAIM_AT = "vkprovider.io/reclaim-at"
+NOTICED_AT = "vkprovider.io/reclaim-noticed-at"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
+    async with lab.client("offline") as client:
+        yield client
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+async def _annotate(scene: Scene, name: str, annotations: dict[str, str]) -> None:
+    await scene.offline.patch(f"/api/v1/namespaces/{scene.ns}/pods/{name}", {"metadata": {"annotations": annotations}})
+
+
+async def _event(scene: Scene, reason: str, name: str) -> dict[str, Any] | None:
+    found = [e for e in await scene.events(reason) if e["involvedObject"]["name"] == name]
+    return found[0] if found else None
+
+
+async def _log(scene: Scene, name: str) -> str:
+    chunks = [
+        c
+        async for c in scene.offline.stream(
+            f"/api/v1/namespaces/{scene.ns}/pods/{name}/log", params={"container": "main"}
+        )
+    ]
+    return b"".join(chunks).decode()
+
+
+async def test_a_workload_acknowledges_or_extends_its_notice_and_a_reclaimed_pod_keeps_its_log(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    scene = await start_scene(lab, offline, tmp_path, notice=NOTICE)
+    try:
+        await scene.spec({"reclaim": {"noticeSeconds": NOTICE, "maxNoticeSeconds": MAXIMUM}})
+        leaving = {"ack": {}, "ext": {}, "far": {}, "bad": {"vkprovider.io/checkpoint-seconds": "nan"}}
+        for name, annotations in leaving.items():
+            body = front_pod(name, scene.proc.node, cpu=12, role="worker-max", annotations=annotations)
+            await offline.create(f"/api/v1/namespaces/{scene.ns}/pods", body)
+        await offline.create(
+            f"/api/v1/namespaces/{scene.ns}/pods", front_pod("stays", scene.proc.node, cpu=12, role="worker-min")
+        )
+        names = {*leaving, "stays"}
+        await eventually(lambda: scene.running(names), timeout=60, what="five pods running in member-1")
+        marker = uuid.uuid4().hex[:8]
+        append(lab_mod.kwok_log_file(lab.state_dir, "member-1"), [f"{marker} step {i}" for i in range(5)])
+
+        await scene.spec({"capacity": {"cap": {"cpu": "12"}}})  # all but one pod's worth
+
+        async def noticed() -> dict[str, dict[str, Any]] | None:
+            front = await scene.front()
+            got = {n: front[n] for n in leaving if RECLAIM_AT in (front[n]["metadata"].get("annotations") or {})}
+            return got if len(got) == len(leaving) else None
+
+        first = await eventually(noticed, timeout=30, what="the four worker-max pods noticed")
+        assert RECLAIM_AT not in (await scene.front())["stays"]["metadata"].get("annotations", {})
+
+        # A bad notice annotation: named in a Warning Event, the member's default applies.
+        bad = await eventually(lambda: _event(scene, "InvalidNotice", "bad"), timeout=10, what="InvalidNotice")
+        assert bad["type"] == "Warning" and "'nan'" in bad["message"] and f"{NOTICE:g}s" in bad["message"], bad
+        bad_ann = first["bad"]["metadata"]["annotations"]
+        assert _seconds(bad_ann[RECLAIM_AT]) - _seconds(bad_ann[NOTICED_AT]) == pytest.approx(NOTICE + 2, abs=0.01)
+
+        # Extensions: 8 s more fits the 20 s maximum; 60 s more does not (extended to the maximum).
+        await _annotate(scene, "ext", {"vkprovider.io/checkpoint-extend": "8"})
+        await _annotate(scene, "far", {"vkprovider.io/checkpoint-extend": "60"})
+        extended = await eventually(lambda: _event(scene, "CheckpointExtended", "ext"), timeout=10, what="extended")
+        refused = await eventually(
+            lambda: _event(scene, "CheckpointExtensionRefused", "far"), timeout=10, what="refused"
+        )
+        assert extended["type"] == "Normal" and refused["type"] == "Warning"
+        assert f"at most {MAXIMUM:g}s" in refused["message"], refused
+
+        async def moved() -> dict[str, dict[str, Any]] | None:
+            front = await scene.front()
+            ok = all(
+                front[n]["metadata"]["annotations"].get(RECLAIM_AT) != first[n]["metadata"]["annotations"][RECLAIM_AT]
+                for n in ("ext", "far")
+            )
+            return front if ok else None
+
+        now = await eventually(moved, timeout=10, what="the two deadlines moved")
+        for name, period in (("ext", NOTICE + 8), ("far", MAXIMUM)):
+            ann = now[name]["metadata"]["annotations"]
+            assert _seconds(ann[RECLAIM_AT]) - _seconds(ann[NOTICED_AT]) == pytest.approx(period + 2, abs=0.01)
+
+        # Acknowledged: released within 2 s of the workload's word (member-1's audit record).
+        said = time.time()
+        stamp = datetime.datetime.fromtimestamp(said, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await _annotate(scene, "ack", {"vkprovider.io/checkpointed-at": stamp})
+
+        async def deleted() -> float | None:
+            return scene.member_deletes().get("ack")
+
+        gone_at = await eventually(deleted, timeout=10, what="ack deleted in member-1")
+        ack_deadline = _seconds(first["ack"]["metadata"]["annotations"][RECLAIM_AT])
+        assert gone_at - said <= 2.0, f"released {gone_at - said:.2f}s after checkpointed-at"
+        assert gone_at < ack_deadline, "released at its deadline, not when acknowledged"
+        await eventually(lambda: _event(scene, "CheckpointAcknowledged", "ack"), timeout=10, what="acknowledged")
+
+        # The reclaimed pod's log: its last lines, through the front end's `kubectl logs` path.
+        async def ended() -> bool:
+            return bool((await scene.front())["ack"]["status"].get("phase") == "Failed")
+
+        await eventually(ended, timeout=30, what="ack Failed")
+        text = await _log(scene, "ack")
+        assert f"{marker} step 4" in text, text[-500:]
+
+        # The extended pods go at their new deadlines, not before (member-1's audit record).
+        async def all_gone() -> dict[str, float] | None:
+            deletes = scene.member_deletes()
+            return deletes if set(leaving) <= set(deletes) else None
+
+        deletes = await eventually(all_gone, timeout=MAXIMUM + 30, what="every noticed pod deleted")
+        for name in ("ext", "far"):
+            assert deletes[name] >= _seconds(now[name]["metadata"]["annotations"][RECLAIM_AT]), name
+        assert "stays" not in deletes
+    finally:
+        await stop_scene(scene)
