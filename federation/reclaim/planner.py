@@ -40,6 +40,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from federation import labels
 from federation.capacity import fit, quantities
@@ -123,8 +124,9 @@ class PendingPod:
     constraints: fit.Constraints = fit.ANYWHERE
 
 
-@dataclass(frozen=True, slots=True)
-class Victim:
+class Victim(NamedTuple):
+    """A pod chosen and why (a tuple: plans of thousands of victims are made every round)."""
+
     pod: OurPod
     reason: str
 
@@ -332,7 +334,13 @@ class _State:
                 self._moved(k, +1)
 
     def reason(self, entry: int | _Unit) -> str:
-        return entry.reason if isinstance(entry, _Unit) else self.why(entry)
+        if isinstance(entry, _Unit):
+            return entry.reason
+        pod = self.pods[entry]  # taken alone: under notice or above its job's minimum
+        text = self._whys.get((-1 if pod.noticed else -2, pod.band))
+        if text is None:
+            text = self._whys[(-1 if pod.noticed else -2, pod.band)] = self.why(entry)
+        return text
 
     # -- ordering --------------------------------------------------------------------------------
 
@@ -413,6 +421,8 @@ class _State:
         wanted = [(k, v) for k, v in need.items() if v > 0]
         pods, node_left, job_left, gang_min = self.pods, self.node_left, self.job_left, self.gang_min
         domains_of, job_domains, domains = self._domains_of, self._job_domains, self._domains
+        known = self._node_domains
+        single = wanted[0] if len(wanted) == 1 else None
         keyed = []
         for i in entries:
             p = pods[i]
@@ -426,17 +436,21 @@ class _State:
                 homogeneity = 2.0
             else:
                 counts = domains.get(job) or job_domains(job)
-                a, b = domains_of(p.node)
+                a, b = known.get(p.node) or domains_of(p.node)
                 homogeneity = (counts.get(a, 0) + counts.get(b, 0)) / left
-            cover = size = 0.0
-            for name, v in wanted:
-                got = freed.get(name, 0)
-                cover += (got if got < v else v) / v
-                size += got / v
+            if single is not None:
+                got, v = freed.get(single[0], 0), single[1]
+                cover, size = (got if got < v else v) / v, got / v
+            else:
+                cover = size = 0.0
+                for name, v in wanted:
+                    got = freed.get(name, 0)
+                    cover += (got if got < v else v) / v
+                    size += got / v
             keyed.append(
                 (
                     # the last of ours there first (empties a machine), then the last in its NUMA zone
-                    (node_left[p.node] != 1) * 2 + (p.numa_zone is None or not self.numa_whole(i)),
+                    (node_left[p.node] != 1) * 2 + (True if p.numa_zone is None else not self.numa_whole(i)),
                     homogeneity,
                     p.deletion_cost,
                     -cover,
@@ -642,7 +656,7 @@ class _Cover:
         self.tiers = bytearray(len(state.pods))  # each pod's tier when sorted out; TIERS: frees nothing needed
         self._open: list[str] = []  # nodes that may be emptied at the tier reached
         self._reached: list[str] = []  # all nodes whose pods are all at the tier reached or below
-        self._by_tier: list[list[str]] | None = None
+        self._by_tier: list[list[str]] = [[] for _ in range(TIERS + 1)]
         self._totals: dict[str, tuple[int, list[int]]] = {}
 
     # Loops rather than any()/all() over generators in what runs once per pod: a generator costs
@@ -685,11 +699,14 @@ class _Cover:
         rank = BAND_RANK.get
         cols = self.amounts
         useful: list[int] | list[bool] = cols[0] if len(cols) == 1 else [any(v) for v in zip(*cols, strict=True)]
+        node_tier: dict[str, int] = {}
+        spare_nodes: set[str] = set()  # with a pod that frees nothing needed: never emptied (an extra victim)
         for i, p in enumerate(state.pods):
             if taken[i]:
                 continue
             if not useful[i]:
                 tiers[i] = TIERS
+                spare_nodes.add(p.node)
                 continue
             if p.noticed:
                 t = NOTICED + rank(p.band, 1)
@@ -698,19 +715,16 @@ class _Cover:
                 t = SURPLUS + rank(p.band, 1) if m is None or job_left[p.job] > m else GANG + gang_band[p.job]
             tiers[i] = t
             buckets[t].append(i)
+            if t > node_tier.get(p.node, -1):
+                node_tier[p.node] = t
+        for node, t in node_tier.items():
+            if node not in spare_nodes:
+                self._by_tier[t].append(node)
 
     # -- whole machines ------------------------------------------------------------------------------
 
     def _nodes_by_tier(self) -> list[list[str]]:
-        """Nodes by the tier of their dearest pod of ours (a pod that frees nothing needed: never
-        taken whole, as it would be an extra victim)."""
-        if self._by_tier is None:
-            self._by_tier = [[] for _ in range(TIERS + 1)]
-            tiers, taken = self.tiers, self.state.taken
-            for node, members in self.state.on_node.items():
-                left = [tiers[i] for i in members if not taken[i]]
-                if left:
-                    self._by_tier[max(left)].append(node)
+        """Nodes by the tier of their dearest pod of ours (`sort_out`)."""
         return self._by_tier
 
     def _node_total(self, node: str) -> list[int]:
@@ -941,9 +955,14 @@ def plan(
     cover.run()
     result.unmet = cover.remaining()
     victims = result.victims
+    alone: dict[tuple[bool, str], str] = {}  # the reason of a pod taken alone: by notice and band
     for entry in state.order:
         if isinstance(entry, int):
-            victims.append(Victim(pods[entry], state.reason(entry)))
+            pod = pods[entry]
+            reason = alone.get((pod.noticed, pod.band))
+            if reason is None:
+                reason = alone[(pod.noticed, pod.band)] = state.reason(entry)
+            victims.append(Victim(pod, reason))
         elif entry is not None:
             victims.extend(Victim(pods[k], entry.reason) for k in entry.pods)
     emptied = {v.pod.node for v in victims}
