@@ -370,32 +370,30 @@ class _State:
             self._node_domains[node] = domains
         return domains
 
-    def _job_domains(self, job: str) -> dict[tuple[int, str | None], int]:
-        counts = self._domains.get(job)
-        if counts is None:
-            counts = {}
-            taken, pods, known, domains_of = self.taken, self.pods, self._node_domains, self._domains_of
+    def _all_node_domains(self) -> dict[str, tuple[tuple[int, str | None], tuple[int, str | None]]]:
+        """Every node's (network pod, GPU model), also for nodes of ours the member no longer lists."""
+        known = self._node_domains
+        if len(known) < len(self.on_node):
+            for node in self.on_node:
+                if node not in known:
+                    self._domains_of(node)
+        return known
+
+    def _count_domains(self, jobs: set[str]) -> dict[str, dict[tuple[int, str | None], int]]:
+        """Per job, its pods left per network pod and GPU model (jobs of one pod left need none)."""
+        domains, job_left, taken, pods = self._domains, self.job_left, self.taken, self.pods
+        known = self._all_node_domains()
+        for job in jobs:
+            if job in domains or job_left[job] <= 1:
+                continue
+            counts: dict[tuple[int, str | None], int] = {}
             for i in self.job_pods[job]:
                 if not taken[i]:
-                    node = pods[i].node
-                    a, b = known.get(node) or domains_of(node)
+                    a, b = known[pods[i].node]
                     counts[a] = counts.get(a, 0) + 1
                     counts[b] = counts.get(b, 0) + 1
-            self._domains[job] = counts
-        return counts
-
-    def homogeneity(self, i: int) -> float:
-        """Lower first: the share of its job in the pod's network pod and GPU model (taking a pod
-        from where its job is thinnest leaves the rest more together)."""
-        job = self.pods[i].job
-        left = self.job_left[job]
-        if self.below_minimum(job):
-            return 0.0  # the whole job goes: nothing of it stays behind to keep together
-        if left == 1:
-            return 2.0
-        counts = self._job_domains(job)
-        a, b = self._domains_of(self.pods[i].node)
-        return (counts.get(a, 0) + counts.get(b, 0)) / left
+            domains[job] = counts
+        return domains
 
     def numa_whole(self, i: int) -> bool:
         """Whether taking the pod empties its NUMA zone of ours."""
@@ -416,12 +414,13 @@ class _State:
 
     def ranked(self, entries: list[int], need: Mapping[str, int]) -> list[int]:
         """Pods of one tier in the order of the rules after the band: whole machine, whole NUMA
-        zone, homogeneity, deletion cost, most of the need, least beyond it, name. (Runs over
-        thousands of pods: `homogeneity` and `below_minimum` inlined.)"""
+        zone, homogeneity (the share of its job in the pod's network pod and GPU model: taken
+        from where its job is thinnest, the rest stays more together), deletion cost, most of the
+        need, least beyond it, name. Runs over thousands of pods, so all of it inline."""
         wanted = [(k, v) for k, v in need.items() if v > 0]
         pods, node_left, job_left, gang_min = self.pods, self.node_left, self.job_left, self.gang_min
-        domains_of, job_domains, domains = self._domains_of, self._job_domains, self._domains
-        known = self._node_domains
+        known = self._all_node_domains()
+        domains = self._count_domains({pods[i].job for i in entries})
         single = wanted[0] if len(wanted) == 1 else None
         keyed = []
         for i in entries:
@@ -435,8 +434,8 @@ class _State:
             elif left == 1:
                 homogeneity = 2.0
             else:
-                counts = domains.get(job) or job_domains(job)
-                a, b = known.get(p.node) or domains_of(p.node)
+                counts = domains[job]
+                a, b = known[p.node]
                 homogeneity = (counts.get(a, 0) + counts.get(b, 0)) / left
             if single is not None:
                 got, v = freed.get(single[0], 0), single[1]
@@ -841,16 +840,17 @@ class _Cover:
         if tier >= GANG:  # one entry per gang: taking any of its pods takes all of it
             entries = list({pods[i].job: i for i in reversed(entries)}.values())
         entries = state.ranked(entries, self.remaining())  # the tier can cover the rest: in order
-        freed, cols = self.freed, self.amounts
+        freed, cols, gangs = self.freed, self.amounts, state.gang_min
         for i in entries:
             if self.covered():
                 return
             if taken[i]:
                 continue
-            t = state.tier(i)
-            if t > tier:
-                self.buckets[t].append(i)  # its job reached its minimum: its gang comes later
-                continue
+            if pods[i].job in gangs:  # only a gang's pods change tier (as it reaches its minimum)
+                t = state.tier(i)
+                if t > tier:
+                    self.buckets[t].append(i)  # its gang comes later
+                    continue
             if state.below_minimum(pods[i].job):
                 if any(self.useful(k) for k in state.unit_of(i)):  # the gang frees what is needed
                     self._add(_members(state.order[state.take(i)] or 0), +1)
