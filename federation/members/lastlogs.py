@@ -94,8 +94,11 @@ class LastLogs:
                         buffer += chunk
                         if len(buffer) > 2 * self.per_pod:
                             del buffer[: len(buffer) - self.per_pod]
-            except (ApiError, TimeoutError) as exc:
-                self._log.info("log not kept whole", pod=MemberPods.origin(member_pod), container=name, error=str(exc))
+            except TimeoutError:
+                self._log.info("log kept as far as read in time", pod=MemberPods.origin(member_pod), container=name)
+            except ApiError as exc:  # gone already, or refused: nothing to keep, kubectl says so
+                self._log.info("log not kept", pod=MemberPods.origin(member_pod), container=name, error=str(exc))
+                continue
             kept[name] = bytes(buffer[-self.per_pod :])
-        if self.per_pod * len(kept) <= self._kept.maxsize:
+        if kept and self.per_pod * len(kept) <= self._kept.maxsize:
             self._kept[MemberPods.origin(member_pod)] = kept
