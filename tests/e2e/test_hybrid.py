@@ -83,6 +83,13 @@ async def by_name(offline: KubeClient, ns: str) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in await pods(offline, ns)}
 
 
+async def gang_below(offline: KubeClient, ns: str, group: str) -> dict[str, Any] | None:
+    """The GangBelowMinimum Event on a job's group object, if there is one."""
+    listed = await offline.list(f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangBelowMinimum"})
+    found = [e for e in listed["items"] if e["involvedObject"]["name"] == group]
+    return found[0] if found else None
+
+
 async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capacity_until_reclaimed(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
@@ -268,15 +275,10 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
         async with lab.client(member) as client:
             await client.delete(f"/api/v1/namespaces/{ns}/pods/ok-v0", params={"gracePeriodSeconds": 0})
 
-        async def below() -> dict[str, Any] | None:
-            listed = await offline.list(
-                f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangBelowMinimum"}
-            )
-            found = [e for e in listed["items"] if e["involvedObject"]["kind"] == "PodGroup"]
-            return found[0] if found else None
-
-        event = await eventually(below, timeout=30, what="GangBelowMinimum on the PodGroup")
-        assert event["involvedObject"]["name"] == "ok" and "policy end" in event["message"], event
+        event = await eventually(
+            lambda: gang_below(offline, ns, "ok"), timeout=30, what="GangBelowMinimum on the PodGroup"
+        )
+        assert event["involvedObject"]["kind"] == "PodGroup" and "policy end" in event["message"], event
 
         async def natives_ended() -> bool:
             now = await by_name(offline, ns)
@@ -319,14 +321,9 @@ async def test_a_gang_split_between_native_and_virtual_nodes_starts_whole_or_say
 
         # Its native half is below the minimum with nothing to wait for: the job is told on its
         # PodGroup; the default policy (keep) leaves the native pods running, marked.
-        async def big_below() -> dict[str, Any] | None:
-            listed = await offline.list(
-                f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=GangBelowMinimum"}
-            )
-            found = [e for e in listed["items"] if e["involvedObject"]["name"] == "big"]
-            return found[0] if found else None
-
-        big_event = await eventually(big_below, timeout=15, what="GangBelowMinimum on the big PodGroup")
+        big_event = await eventually(
+            lambda: gang_below(offline, ns, "big"), timeout=15, what="GangBelowMinimum on the big PodGroup"
+        )
         assert "policy keep" in big_event["message"], big_event
         natives = await by_name(offline, ns)
         for i in range(2):

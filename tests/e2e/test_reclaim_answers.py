@@ -8,12 +8,10 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
@@ -28,12 +26,6 @@ NOTICE = 6.0
 MAXIMUM = 20.0
 RECLAIM_AT = "vkprovider.io/reclaim-at"
 NOTICED_AT = "vkprovider.io/reclaim-noticed-at"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
-    async with lab.client("offline") as client:
-        yield client
 
 
 def _seconds(stamp: str) -> float:
