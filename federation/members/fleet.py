@@ -6,7 +6,10 @@ A member whose kubeconfig cannot be used is that member's error (logged, shown b
 status`, the member unreachable), not the process's; the kubeconfig is read again every
 `kubeconfig_retry` seconds. A member that is disabled or removed while our pods run there is
 drained first: its pods leave through reclaim notices (federation.reclaim), and it goes once
-none is left. Where capacity comes from (direct watches, the member's agent) and how our pods
+none is left. A member added disabled (at start-up, after a restart in the middle of its drain)
+is drained the same way first: watched as if enabled until no pod of ours is left there, then
+kept without watches; the notices are annotations on the pods, so a resumed drain keeps their
+deadlines. Where capacity comes from (direct watches, the member's agent) and how our pods
 there are followed is handed in by the provider, which composes the features on top.
 """
 
@@ -53,6 +56,7 @@ class Fleet:
         self._new_pods = new_pods
         self._on_reachability = on_reachability  # (member, its outage before the change)
         self._node_set_callbacks: list[Callable[[], None]] = []
+        self._removed_callbacks: list[Callable[[str], None]] = []
         self.dirty = asyncio.Event()
         self._log = logs.get("federation", node=instance)
 
@@ -97,6 +101,11 @@ class Fleet:
 
     def notify_node_set(self, callback: Callable[[], None]) -> None:
         self._node_set_callbacks.append(callback)
+
+    def notify_drained_away(self, callback: Callable[[str], None]) -> None:
+        """`callback(name)` once a removed member is drained and gone (its MemberCluster may
+        let go of its finalizer: federation.members.objects)."""
+        self._removed_callbacks.append(callback)
 
     def _node_set_changed(self) -> None:
         for callback in self._node_set_callbacks:
@@ -151,17 +160,29 @@ class Fleet:
         *,
         from_object: bool = False,
         store: TokenStore | None = None,
+        removed: bool = False,
+        settled: bool = False,
     ) -> None:
         """Start (or restart with new settings) one member; a tenant's token is kept renewed
-        (and written back to `store`)."""
+        (and written back to `store`).
+
+        A disabled member our pods can reach (`access`) may still run some of them: this process
+        may not have seen it disabled (a restart in the middle of its drain, a member disabled
+        while no provider ran). Unless `settled` (just drained), it is drained first, watched as
+        if enabled; `_finish_drain` keeps it without watches once none of ours is left, after
+        one list when there was none. `removed`: its MemberCluster is being deleted, so it goes
+        once drained."""
         self.remove_member(config.name, quiet=True)
+        drain_first = not config.enabled and not settled and access is not None
+        watched = config.enabled or drain_first
         keeper = None
-        if access is not None and config.tenancy is not None and config.enabled:
+        if access is not None and config.tenancy is not None and watched:
             access, keeper = self._token_keeper(config, access, store)
         source = self._new_source(config, access, self.changed)
         member = Member(config=config, source=source, from_object=from_object, store=store, keeper=keeper)
+        member.draining, member.removed = drain_first, drain_first and removed
         self.members[config.name] = member
-        if config.enabled:
+        if watched:
             loop = asyncio.get_running_loop()
             if keeper is not None:
                 member.keeper_task = loop.create_task(keeper.run(), name=f"federation/token/{config.name}")
@@ -175,7 +196,9 @@ class Fleet:
                     member.pods.run(watch=not shared), name=f"federation/pods/{config.name}"
                 )
             member.task = loop.create_task(source.run(), name=f"federation/member/{config.name}")
-        self._log.info("member added", cluster=config.name, enabled=config.enabled, source=config.source)
+        self._log.info(
+            "member added", cluster=config.name, enabled=config.enabled, source=config.source, draining=drain_first
+        )
         self._node_set_changed()
         self.changed()
 
@@ -231,6 +254,9 @@ class Fleet:
         none of ours runs there (it can go at once)."""
         if member.pods is None or (member.pods.synced.is_set() and not member.pods.by_origin):
             return False
+        if member.draining and not member.config.enabled and (member.removed or not removed):
+            member.config = config
+            return True  # already draining so (each event of a deleted object comes here again)
         member.config = config
         member.draining = True
         member.removed = member.removed or removed
@@ -286,5 +312,9 @@ class Fleet:
         self._log.info("member drained", cluster=member.name, removed=member.removed)
         if member.removed:
             self.remove_member(member.name)
+            for callback in self._removed_callbacks:
+                callback(member.name)
         else:
-            self.add_member(member.config, pods.access, from_object=member.from_object, store=member.store)
+            self.add_member(
+                member.config, pods.access, from_object=member.from_object, store=member.store, settled=True
+            )

@@ -4,7 +4,8 @@ provider runs, and each object's status written back (reachable, ready, what it 
 The fleet owns the set of members (federation.members.fleet); this module reads the objects,
 decides what each change means for a member (`change`, pure), and asks the fleet to do it
 through `MemberSet`. A member that still runs our pods is disabled or removed by draining it
-(reclaim notices first), not at once.
+(reclaim notices first), not at once. Every object in use carries our finalizer (`FINALIZER`),
+so a deletion waits for that drain, and a restarted provider finds it and drains again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -36,6 +39,24 @@ from vkprovider.provider import ProviderError
 #: watches and notices kept), or "add" (new, or reached another way: started afresh).
 Change = Literal["ignore", "unchanged", "drain", "in_place", "add"]
 
+#: Ours, on every MemberCluster the provider uses. Why: draining a member (our pods there leave
+#: through reclaim notices, then the member goes) is work of this process, and a deleted object
+#: without a finalizer vanishes at once: a provider restarted in the middle of that drain (a
+#: rollout, an OOM kill) would no longer know the member, and our pods left there would run on
+#: for good while their front-end pods never end. With it, a deleted object stays (with its
+#: deletionTimestamp) until no pod of ours is left there, so the next process drains it again,
+#: keeping the notices' deadlines (they are annotations on the pods). Who takes it off: the
+#: provider once the member is drained (at once when none of ours runs there, or when nothing can
+#: reach the member any more: its kubeconfig Secret gone or unusable), and `vkprovider drain`
+#: (the chart's pre-delete hook) for the objects it deletes. A provider uninstalled without that
+#: hook leaves it behind, and deleting the object then waits forever; take it off by hand:
+#: `kubectl patch membercluster NAME --type=json -p '[{"op":"remove","path":"/metadata/finalizers"}]'`.
+#: One name for every instance: a MemberCluster is one instance's (README, "several instances").
+FINALIZER = "vkprovider.io/drain"
+
+#: How long a finalizer that could not be taken off waits before the next try.
+RELEASE_RETRY = 10.0
+
 
 class MemberSet(Protocol):
     """What MemberCluster objects may do to the provider's members."""
@@ -50,7 +71,11 @@ class MemberSet(Protocol):
         *,
         from_object: bool = False,
         store: TokenStore | None = None,
+        removed: bool = False,
+        settled: bool = False,
     ) -> None: ...
+
+    def notify_drained_away(self, callback: Callable[[str], None]) -> None: ...
 
     def remove_member(self, name: str, *, quiet: bool = False) -> None: ...
 
@@ -81,6 +106,9 @@ class MemberObjects:
         self._client = client
         self._selector = {"labelSelector": selector} if selector else None
         self._log = logs.get("federation", node=node)
+        #: Objects whose finalizer is to come off (their member drained away), with when to try.
+        self._releasing: dict[str, float] = {}
+        members.notify_drained_away(self._release_soon)
 
     async def apply(self, obj: dict[str, Any]) -> None:
         """One object's current state."""
@@ -88,6 +116,9 @@ class MemberObjects:
         existing = self._members.members.get(name)
         if existing is not None and not existing.from_object:
             self._log.warning("MemberCluster ignored: a member of that name is in the settings", cluster=name)
+            return
+        if obj["metadata"].get("deletionTimestamp"):
+            await self._deleting(obj, existing)
             return
         try:
             config = member_from_object(obj)
@@ -100,6 +131,7 @@ class MemberObjects:
                 name, {"conditions": [_condition("Ready", False, "InvalidSpec", str(exc)[:500], now_rfc3339())]}
             )
             return
+        await self._hold(obj)
         what = change(existing, config)
         if existing is not None and what == "drain" and self._members.drain(existing, config, removed=False):
             return
@@ -107,14 +139,98 @@ class MemberObjects:
             self._members.reconfigure(existing, config)
         elif what in ("add", "drain"):  # a drain with none of our pods there: at once
             store = KubeconfigSecret(self._client, obj) if config.tenancy is not None and access else None
-            self._members.add_member(config, access, from_object=True, store=store)
+            self._members.add_member(config, access, from_object=True, store=store, settled=what == "drain")
 
-    def _gone(self, name: str) -> None:
+    async def _deleting(self, obj: dict[str, Any], existing: Member | None) -> None:
+        """An object being deleted (kept by finalizers): its member is drained, then goes, and
+        our finalizer comes off. One this process does not know (a restart in the middle of
+        its drain, or deleted while no provider ran) is added disabled and removed, so it is
+        drained again from what the member holds."""
+        name = obj["metadata"]["name"]
+        if existing is not None:
+            self._gone(name)
+            await self._release_due()
+            return
+        if FINALIZER not in (obj["metadata"].get("finalizers") or []):
+            return  # never ours (or already let go): nothing of ours to finish
+        if name in self._releasing:  # drained away already, being let go
+            await self._release_due()
+            return
+        try:
+            config = member_from_object(obj).model_copy(update={"enabled": False})
+            has_secret = bool((obj.get("spec") or {}).get("kubeconfigSecretRef"))
+            access = await access_from_secret(self._client, obj) if config.source == "direct" or has_secret else None
+        except (NotFound, ValueError) as exc:
+            # Nothing can reach the member any more: holding the object would only block it.
+            self._log.warning(
+                "deleted MemberCluster let go undrained: its kubeconfig cannot be used", cluster=name, error=str(exc)
+            )
+            self._release_soon(name)
+            await self._release_due()
+            return
+        except ApiError as exc:
+            self._log.warning("deleted MemberCluster not drained yet", cluster=name, error=str(exc))
+            return
+        if access is None:  # it only lends: none of our pods goes there
+            self._release_soon(name)
+            await self._release_due()
+            return
+        store = KubeconfigSecret(self._client, obj) if config.tenancy is not None else None
+        self._members.add_member(config, access, from_object=True, store=store, removed=True)
+
+    def _gone(self, name: str) -> bool:
+        """The member of an object deleted (or no longer selected) drained, or removed at once
+        (True; its object is then let go of)."""
         member = self._members.members.get(name)
         if member is None or not member.from_object:
+            return False
+        if self._members.drain(member, member.config.model_copy(update={"enabled": False}), removed=True):
+            return False
+        self._members.remove_member(name)
+        self._release_soon(name)
+        return True
+
+    async def _hold(self, obj: dict[str, Any]) -> None:
+        """Our finalizer on an object in use (see FINALIZER)."""
+        body = finalizers_patch(obj, held=True)
+        if body is None:
             return
-        if not self._members.drain(member, member.config.model_copy(update={"enabled": False}), removed=True):
-            self._members.remove_member(name)
+        name = obj["metadata"]["name"]
+        try:
+            await self._client.patch(f"{labels.MEMBERS_PATH}/{name}", body)
+        except Conflict:
+            pass  # changed meanwhile: its next event comes here again
+        except ApiError as exc:
+            self._log.warning(
+                "MemberCluster finalizer not added: deleting it while it drains would leave pods behind after a "
+                "restart",
+                cluster=name,
+                error=str(exc),
+            )
+
+    def _release_soon(self, name: str) -> None:
+        self._releasing[name] = 0.0
+
+    async def _release_due(self) -> None:
+        """Our finalizer off the objects whose member drained away (retried while refused).
+        Called from the watch and from the status writer alike: an entry is taken (due never)
+        before the request, so two callers do not release one object at once."""
+        now = time.monotonic()
+        for name, due in sorted(self._releasing.items()):
+            if due > now:
+                continue
+            if name in self._members.members:  # in use again (selected again): it keeps its finalizer
+                self._releasing.pop(name, None)
+                continue
+            self._releasing[name] = math.inf
+            try:
+                if await release(self._client, name):
+                    self._releasing.pop(name, None)
+                    self._log.info("MemberCluster let go", cluster=name)
+                    continue
+            except ApiError as exc:
+                self._log.warning("MemberCluster finalizer not removed", cluster=name, error=str(exc))
+            self._releasing[name] = now + RELEASE_RETRY
 
     async def run(self) -> None:
         """List, then watch; the provider's `started` is set after the first list (or the first
@@ -140,6 +256,7 @@ class MemberObjects:
                             continue
                         if event["type"] == "DELETED":
                             self._gone(obj["metadata"]["name"])
+                            await self._release_due()
                         else:
                             await self.apply(obj)
             except NotFound:
@@ -158,7 +275,9 @@ class MemberObjects:
             self._log.debug("MemberCluster status not written", cluster=name, error=str(exc))
 
     async def write_statuses(self) -> None:
-        """Each object's status, when it changed (or every 30 s, as a heartbeat)."""
+        """Each object's status, when it changed (or every 30 s, as a heartbeat); and our
+        finalizer off the objects whose member drained away since."""
+        await self._release_due()
         for member in list(self._members.members.values()):
             if not member.from_object:
                 continue
@@ -192,6 +311,35 @@ class MemberObjects:
                 status["lastContact"] = outages.rfc3339(source.last_contact_wall)
             await self._patch_status(member.name, status)
             member.status_written = {"json": comparable, "at": time.monotonic()}
+
+
+def finalizers_patch(obj: dict[str, Any], *, held: bool) -> dict[str, Any] | None:
+    """The merge patch that puts our finalizer on an object (`held`) or takes it off, others
+    kept; guarded by the object's resourceVersion (a Conflict: read it again). None: nothing
+    to change."""
+    meta = obj["metadata"]
+    current = list(meta.get("finalizers") or [])
+    if (FINALIZER in current) == held:
+        return None
+    wanted = [*current, FINALIZER] if held else [f for f in current if f != FINALIZER]
+    return {"metadata": {"finalizers": wanted, "resourceVersion": meta.get("resourceVersion")}}
+
+
+async def release(front: KubeClient, name: str) -> bool:
+    """Our finalizer off MemberCluster `name` (a deleted one then goes). False when it kept
+    changing under us; other refusals raise ApiError."""
+    path = f"{labels.MEMBERS_PATH}/{name}"
+    for _ in range(5):
+        try:
+            body = finalizers_patch(await front.get(path), held=False)
+            if body is not None:
+                await front.patch(path, body)
+            return True
+        except NotFound:
+            return True
+        except Conflict:
+            continue
+    return False
 
 
 def member_from_object(obj: dict[str, Any]) -> MemberConfig:

@@ -7,7 +7,9 @@ reclaim path as they would for online load (checkpoint notice, then graceful del
    front-end pods end Failed, reason Reclaimed, with their Events;
 2. it waits until no member holds a pod of this provider (its instance, of this front end);
 3. reflected ConfigMaps, Secrets and Services of this provider are deleted in every member;
-4. the MemberCluster objects are deleted;
+4. the MemberCluster objects are deleted, and the provider's finalizer taken off them (it keeps
+   a deleted object until its drain is done, federation.members.objects.FINALIZER: here the
+   drain is done, and once the provider is gone nobody else would take it off);
 5. with `--deployment`, the provider is scaled to zero and its pods awaited, so nothing
    registers the virtual nodes again;
 6. the virtual nodes and their Leases are deleted.
@@ -26,7 +28,7 @@ from typing import Any
 
 from federation import labels
 from federation.config import FederationConfig
-from federation.members.objects import access_from_secret, front_end_uid
+from federation.members.objects import FINALIZER, access_from_secret, front_end_uid, release
 from vkprovider.kube import ApiError, KubeClient, NotFound, load_kubeconfig
 from vkprovider.kube.access import in_cluster
 from vkprovider.settings import Settings
@@ -132,6 +134,8 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
         for name in names:
             with contextlib.suppress(NotFound):
                 await front.delete(f"{labels.MEMBERS_PATH}/{name}")
+            if not await release(front, name):
+                raise DrainError(f"MemberCluster {name} kept changing: its finalizer {FINALIZER} is still on it")
         if deployment:
             await _stop_deployment(front, deployment, deadline)
         for node in virtual_nodes(settings, config, names):

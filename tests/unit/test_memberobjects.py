@@ -61,9 +61,19 @@ class _Members:
         self.calls: list[str] = []
 
     def add_member(
-        self, config: MemberConfig, access: ClusterAccess | None, *, from_object: bool = False, store: Any = None
+        self,
+        config: MemberConfig,
+        access: ClusterAccess | None,
+        *,
+        from_object: bool = False,
+        store: Any = None,
+        removed: bool = False,
+        settled: bool = False,
     ) -> None:
-        self.calls.append(f"add enabled={config.enabled}")
+        self.calls.append(f"add enabled={config.enabled}" + (" settled" if settled else ""))
+
+    def notify_drained_away(self, callback: Any) -> None:
+        pass
 
     def remove_member(self, name: str, *, quiet: bool = False) -> None:
         self.calls.append("remove")
@@ -77,14 +87,17 @@ class _Members:
 
 
 def _object(**spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "m1"}, "spec": {"source": "agent", "agentAddress": "a:1", **spec}}
+    return {
+        "metadata": {"name": "m1", "finalizers": ["vkprovider.io/drain"]},
+        "spec": {"source": "agent", "agentAddress": "a:1", **spec},
+    }
 
 
 @pytest.mark.parametrize(
     ("spec", "drains", "calls"),
     [
         ({"enabled": False}, True, ["drain removed=False"]),
-        ({"enabled": False}, False, ["drain removed=False", "add enabled=False"]),  # none of ours there
+        ({"enabled": False}, False, ["drain removed=False", "add enabled=False settled"]),  # none of ours there
         ({"weight": 4}, True, ["reconfigure weight=4"]),
         ({}, True, []),
     ],
