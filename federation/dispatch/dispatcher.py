@@ -88,6 +88,7 @@ class Dispatcher:
             pods_in=self.reports.pods_in,
             events=lambda: self.events,
             instance=owner.instance,
+            front=lambda: self.front,
         )
         self._log = logs.get("dispatch", instance=owner.instance)
 
@@ -110,6 +111,7 @@ class Dispatcher:
         key = pod_key(pod)
         async with job.lock:
             job.pods[key] = pod
+            self.gangs.arrived(job, pod)
             if job.failed:
                 return
             tomb = self.reports.tombstone(key)
@@ -121,6 +123,8 @@ class Dispatcher:
             found = self.reports.member_pod(key)
             if found is not None:
                 job.member = job.member or found[0]
+                if job.member == found[0]:
+                    self.gangs.adopt(job, found[1])  # sent before a restart: its timer goes on
                 return
             pinned = self.pins.recorded(job, pod)
             if pinned and (pinned not in self._members() or self._draining(pinned)):
@@ -150,7 +154,9 @@ class Dispatcher:
                     await self.writer.create_gang(job, pinned)
                 for other in list(job.pods.values()):
                     await self.writer.create_pod(job, other, pinned, in_gang=bool(job.core))
-                job.dispatched_at = time.monotonic()
+                # Sent when its first member pod was created (before the restart, if any was).
+                sent = self.gangs.member_since(job, pinned)
+                job.dispatched_at = time.monotonic() if sent is None else sent
                 self.gangs.start(job)
                 return
             if job.gang.is_gang and len(job.pods) + job.native < job.gang.min_member:
@@ -158,8 +164,27 @@ class Dispatcher:
                 self.gangs.start(job)  # counts native pods again while it waits
                 return
             if job.ready_at is None:
-                job.ready_at = time.monotonic()
+                job.ready_at = self.gangs.ready_since(job) if job.gang.is_gang else time.monotonic()
             await self.dispatch(job)
+
+    async def adopt(self, pod: Pod) -> None:
+        """A front-end pod (from the runtime's cache) a restarted provider finds in a member, not
+        bound there: the runtime reads it (get_pod) and never creates it again, so its gang's
+        timer goes on from here, counting from its member pods' creation
+        (federation.dispatch.gang). Bound pods, and pods of jobs already known, cost a lookup."""
+        key = pod_key(pod)
+        if key in self.job_of_pod:
+            return
+        found = self.reports.member_pod(key)
+        if found is None or found[1].get("spec", {}).get("nodeName"):
+            return
+        job = await self._job(pod)
+        async with job.lock:
+            job.pods[key] = pod
+            if job.member is None:
+                job.member = found[0]
+            if job.member == found[0]:
+                self.gangs.adopt(job, found[1])
 
     def _levels(self, names: list[str]) -> dict[str, podsecurity.Level]:
         members = self._members()

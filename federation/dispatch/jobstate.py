@@ -1,14 +1,31 @@
-"""A dispatched job's state (`Job`), and what each of its front-end pods reports from it and
-from its member pod (`reported_status`, pure).
+"""A dispatched job's state (`Job`), when its gang's wait started as the clusters record it, and
+what each of its front-end pods reports from it and from its member pod (`reported_status`), all
+pure.
 
 Apart from federation.dispatch.dispatcher, which changes the state: the report is a translation, read by
 the runtime for every status sync, and is tested without a dispatcher, a member or a lab.
+
+A gang's clock, read from the clusters so a restarted provider neither restarts nor extends its
+timeout (federation.dispatch.gang counts from it; the caller passes the time now):
+- Waiting at the front end: a pod's binding is the front-end scheduler's PodScheduled condition
+  (its lastTransitionTime, set when the pod was bound to the virtual node), or the pod's
+  creationTimestamp when it was created bound (spec.nodeName set, no scheduler involved). An
+  incomplete gang waits from its first pod's binding; a complete one from the binding that made
+  up its minimum.
+- Sent to a member and not bound there: from the creation of its first member pod there. The
+  member pods' creationTimestamp is the member's own record of the dispatch, rather than an
+  annotation of ours: it costs no write, it is there for gangs sent by an older provider, and a
+  rollback's fresh pods in the next member start that member's wait anew, as they should.
+- Wall times (seconds since the epoch, as the apiservers record them, to the second) become times
+  on the monotonic clock the timers run on: now, less their age. A time in the future (another
+  cluster's clock ahead of ours) counts as now, never later.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Container
+import datetime
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,7 +45,11 @@ class Job:
     pods: PodSubset[Pod]  # front-end pods by ns/name, held in the dispatcher's one PodStore
     member: str | None = None
     place: placement.Placement | None = None
-    ready_at: float | None = None  # when the gang's minimum was first bound
+    # The gang's clock (monotonic, read from the clusters: see below, so a restarted provider
+    # keeps it): its pods' first wait at the front end, its minimum bound there, its dispatch
+    # to `member`. Its timeout counts from the last of these it reached.
+    waiting_since: float | None = None
+    ready_at: float | None = None
     dispatched_at: float | None = None
     excluded: set[str] = field(default_factory=set)
     failed: str | None = None
@@ -55,6 +76,76 @@ class Job:
 def job_state(job: Job) -> str:
     """waiting, dispatched, or why it failed (GangTimeout, MemberRemoved)."""
     return job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
+
+
+# -- the gang's clock ------------------------------------------------------------------------------
+
+
+def parse_time(value: object) -> float | None:
+    """An RFC 3339 time of the API (`2024-05-01T10:00:00Z`) as seconds since the epoch."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return parsed.timestamp()
+
+
+def bound_at(pod: Mapping[str, Any]) -> float | None:
+    """When the pod was bound to its node (wall time); None if it is not bound or nothing says."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled":
+            if condition.get("status") != "True":
+                return None
+            found = parse_time(condition.get("lastTransitionTime"))
+            if found is not None:
+                return found
+            break
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return None
+    return created_at(pod)
+
+
+def created_at(obj: Mapping[str, Any]) -> float | None:
+    return parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+
+
+def first_time(times: Iterable[float | None]) -> float | None:
+    """The earliest of the known times: an incomplete gang's first wait, or a member's dispatch."""
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+def nth_time(times: Iterable[float | None], n: int) -> float | None:
+    """The `n`-th earliest of the known times (n from 1): when a gang's minimum was bound. The
+    latest known when fewer are known (the pods bound before a restart are all known; a pod
+    with no time cannot move it earlier)."""
+    known = sorted(t for t in times if t is not None)
+    if not known:
+        return None
+    return known[min(max(n, 1), len(known)) - 1]
+
+
+def to_monotonic(wall: float, *, wall_now: float, monotonic_now: float) -> float:
+    """A wall time on the monotonic clock: now, less its age (a future time counts as now)."""
+    return monotonic_now - max(0.0, wall_now - wall)
+
+
+def wait_start(job: Job, *, adopted: float | None, now: float) -> float:
+    """When the job's current wait started: its dispatch (`adopted`: its member pods' creation,
+    for a job found in its member after a restart), else its minimum bound at the front end, else
+    its first wait there."""
+    member = job.dispatched_at if job.dispatched_at is not None else adopted if job.member is not None else None
+    for since in (member, job.ready_at, job.waiting_since):
+        if since is not None:
+            return since
+    return now
+
+
+# -- what pods report -------------------------------------------------------------------------------
 
 
 def _stub(key: str, member_pod: dict[str, Any] | None) -> Pod:
