@@ -32,7 +32,8 @@ from federation.dispatch.dispatcher import Dispatcher
 from federation.dispatch.gang import GangMetrics
 from federation.dispatch.jobstate import Job
 from federation.dispatch.webhook import RoutingWebhook
-from federation.members import disruption
+from federation.jobs import job_hash, job_of
+from federation.members import disruption, outages
 from federation.members.announcer import Announcer
 from federation.members.fleet import Fleet, SourceFactory
 from federation.members.lastlogs import LastLogs
@@ -41,6 +42,7 @@ from federation.members.objects import MemberObjects, front_end_uid
 from federation.members.orphans import OrphanReconciler
 from federation.members.outages import Outage
 from federation.members.pods import MemberPods
+from federation.members.recall import FrontRecall
 from federation.members.scope import NamespaceScope
 from federation.reclaim.metrics import ReclaimMetrics
 from federation.reclaim.reclaimer import Reclaimer
@@ -50,7 +52,6 @@ from federation.streams.session import StreamLimits
 from federation.tenancy.namespaces import MemberNamespaces
 from federation.view import page
 from federation.view.tide import FleetMetrics, Tide, TideMetrics
-from vkprovider import podstatus
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient
 from vkprovider.logs import get as get_logger
@@ -107,6 +108,7 @@ class FederationProvider:
             virtual_nodes=self.node_names,
         )
         self.last_logs = LastLogs(per_pod=config.kept_log_bytes)
+        self.recall = FrontRecall(self.fleet, instance=node_name)
         self.reclaimer = Reclaimer(members=self.fleet.serving, instance=node_name, keep_logs=self.last_logs.keep_member)
         self.reclaimer.job_notices.native_pods = self.dispatcher.native_pods.pods
         self.reclaimer.reports.split.native_pods = self.dispatcher.native_pods.pods
@@ -174,12 +176,19 @@ class FederationProvider:
 
     def _reachability_changed(self, member: Member, before: Outage | None) -> None:
         """A member moved along its outage clocks: its jobs are told when it first goes out, and
-        each of its pods is synced again (condition added, lost, or back)."""
+        each of its pods is synced again (condition added, lost, or back). A member not listed
+        since the start is known by the front-end pods pinned to it."""
+        listed = member.pods is not None and member.pods.synced.is_set()
+        pinned = {} if listed else self.recall.pinned_to(member.name)
         if before is None and member.outage is not None and member.pods is not None:
             jobs = {key: entry.extra for key, entry in member.pods.by_origin.entries()}
+            for key, front in pinned.items():  # not told yet: no condition from an earlier run
+                if outages.recorded_since((front.get("status") or {}).get("conditions")) is None:
+                    jobs.setdefault(key, job_hash(job_of(dict(front))))
             self.announcer.add(member.name, jobs, member.outage)
         keys = set(member.pods.by_origin) if member.pods is not None else set()
         keys |= {k for k, placed in self.dispatcher.reports.placed.items() if placed == member.name}
+        keys |= set(pinned)
         for key in keys:
             self._pod_changed(key)
 
@@ -231,6 +240,7 @@ class FederationProvider:
             asyncio.create_task(self.dispatcher.writer.reflector.run(), name="federation/reflected-gc"),
             asyncio.create_task(self.reclaimer.run(), name="federation/reclaim"),
             asyncio.create_task(self.orphans.run(), name="federation/orphans"),
+            asyncio.create_task(self.recall.outages(), name="federation/recall-outages"),
         ]
         if self.config.routing.enabled:
             webhook = RoutingWebhook(self.config.routing, name=self.node_name)
@@ -293,6 +303,7 @@ class FederationProvider:
         """The dispatcher's front-end pods and the orphan check read the runtime's cache."""
         self.dispatcher.front_pods.attach(pods)
         self.reclaimer.front_pods, self.reclaimer.front_listed = pods, listed
+        self.recall.attach(pods, listed)
         self.orphans.follow(pods, listed)
 
     def notify_pods(self, callback: PodChanged) -> None:
@@ -320,24 +331,20 @@ class FederationProvider:
 
     async def get_pod(self, namespace: str, name: str) -> Pod | None:
         key = f"{namespace}/{name}"
-        pod = self.dispatcher.reports.pod(key)
+        pod = self.dispatcher.reports.pod(key) or self.recall.in_outage(key)
         if pod is None:
             self._unknown_yet()
             pod = self._gone_while_down(key)
         return pod
 
     def _gone_while_down(self, key: str) -> Pod | None:
-        """A front-end pod that ran in a member whose member pod went away while no provider
-        watched: taken away, never ProviderPodLost (federation.members.disruption)."""
-        cache = self.reclaimer.front_pods  # the runtime's cache of every front-end pod of ours
-        front = cache.get(key) if cache is not None else None
-        if front is None or not podstatus.is_accepted(front) or podstatus.is_terminal(front):
+        """A front-end pod whose member pod went away while no provider watched: taken away,
+        never ProviderPodLost; its job is told (federation.members.recall)."""
+        found = self.recall.gone_unseen(key, serving=self.fleet.serving())
+        if found is None:
             return None
-        member = (front["metadata"].get("annotations") or {}).get(labels.MEMBER)
-        if not member or member not in self.fleet.serving():
-            return None
-        what = disruption.gone_unseen(front, member=member)
-        self.reclaimer.reports.disrupted_front(member, front, what.pod_reason)
+        member, front, what = found
+        self.reclaimer.reports.disrupted_front(member, dict(front), what.pod_reason)
         return {
             "metadata": front["metadata"],
             "spec": front["spec"],
@@ -345,13 +352,19 @@ class FederationProvider:
         }
 
     async def get_pod_status(self, namespace: str, name: str) -> PodStatus | None:
-        status = self.dispatcher.reports.status(f"{namespace}/{name}")[1]
+        key = f"{namespace}/{name}"
+        status = self.dispatcher.reports.status(key)[1]
         if status is None:
-            self._unknown_yet()
+            pod = self.recall.in_outage(key)
+            if pod is None:
+                self._unknown_yet()
+                pod = self._gone_while_down(key)
+            status = pod["status"] if pod is not None else None
         return status
 
     def pod_annotations(self, namespace: str, name: str) -> dict[str, str | None]:
-        return {labels.MEMBER: self.dispatcher.reports.pin_of(f"{namespace}/{name}")}
+        key = f"{namespace}/{name}"
+        return {labels.MEMBER: self.dispatcher.reports.pin_of(key) or self.recall.kept_pin(key)}
 
     async def list_pods(self) -> list[Pod]:
         """Our member pods, as the front-end pods they run (this instance's only)."""

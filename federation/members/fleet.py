@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +59,10 @@ class Fleet:
         self._node_set_callbacks: list[Callable[[], None]] = []
         self._removed_callbacks: list[Callable[[str], None]] = []
         self.dirty = asyncio.Event()
+        #: When members stopped answering, as recorded before this process started (on the
+        #: front-end pods: federation.members.outages.recorded_since); the outage clocks of a
+        #: member that has not answered since count from there.
+        self.recorded_outages: dict[str, float] = {}
         self._log = logs.get("federation", node=instance)
 
     # -- what the features read ------------------------------------------------------------------
@@ -291,11 +296,18 @@ class Fleet:
         """Move the member along the two clocks; the provider hears of every step (its pods are
         re-synced: condition added, lost, or back)."""
         before = member.outage
+        unreachable_for, recorded = member.source.unreachable_for(), None
+        if member.source.last_contact_wall is None:  # not one answer since this process started
+            recorded = self.recorded_outages.get(member.name)
+            if recorded is not None:
+                unreachable_for = max(unreachable_for, time.time() - recorded)
         member.outage = outages.follow(
             before,
-            member.source.unreachable_for(),
+            unreachable_for,
             grace=self.config.unreachable_grace,
             lost_after=self.config.pods_lost_after,
+            recorded=recorded,
+            from_restart=member.source.last_contact_wall is None and recorded is None,
         )
         member.reachable = member.outage is None
         was, now = (o.state if o is not None else "reachable" for o in (before, member.outage))

@@ -39,6 +39,7 @@ import yaml
 
 from federation import bands, labels, podsecurity
 from federation.config import ReclaimConfig
+from federation.members.objects import release
 from federation.podsecurity import Level
 from federation.tenancy import policy
 from federation.tenancy.policy import TenancyError
@@ -690,6 +691,10 @@ async def offboard(
                 wanted = (name, None) if kind == "MemberCluster" else (f"{name}-kubeconfig", front_namespace)
                 if (meta["name"], meta.get("namespace")) != wanted:
                     continue
+                if kind == "MemberCluster":
+                    # Drained (or --force): the drain finalizer has nothing left to hold, and
+                    # the tenant's provider may not be running to take it off.
+                    await release(front, meta["name"])
                 with contextlib.suppress(NotFound):
                     await front.delete(path_of(item))
                 done.append(f"front end: deleted {kind} {meta.get('namespace', '-')}/{meta['name']}")

@@ -142,3 +142,23 @@ async def test_the_orphan_check_reads_live_pods_from_the_runtime_cache_once_it_i
     assert not live.done(), "an incomplete cache would make every member pod a candidate"
     listed.set()
     assert await asyncio.wait_for(live, 1) == {"ns/runs": "u-runs", "ns/waits": "u-waits"}
+
+
+def test_a_recorded_outage_survives_a_restart() -> None:
+    """The condition's lastTransitionTime is the member's last answer: a restarted provider reads
+    it back; without one the clock counts from the restart, and the messages say which."""
+    before = outages.follow(None, 40.0, grace=30, lost_after=300)
+    assert before is not None and before.state == "unreachable" and not before.from_restart
+    written = outages.unreachable_condition("member-3", before)
+    since = outages.recorded_since([{"type": "Ready", "status": "True"}, dict(written)])
+    assert since == pytest.approx(before.since, abs=1.0)  # whole seconds, as written
+    assert outages.recorded_since([{"type": "Ready", "status": "True"}]) is None
+    assert outages.recorded_since(None) is None
+    fresh = outages.follow(None, 31.0, grace=30, lost_after=300, from_restart=True)
+    assert fresh is not None and "since the provider started" in outages.unreachable_condition("m", fresh)["message"]
+    assert "since the provider started" not in outages.unreachable_condition("m", before)["message"]
+    lost = outages.lost("m", "n1", outages.Outage("lost", NOW, 300, from_restart=True))
+    assert "since the provider started" in lost.message
+    # A record read after the clock started replaces the start.
+    moved = outages.follow(fresh, 200.0, grace=30, lost_after=300, recorded=NOW - 200.0)
+    assert moved is not None and moved.since == NOW - 200.0 and not moved.from_restart
