@@ -55,6 +55,8 @@ CHECKPOINT_SECONDS = "vkprovider.io/checkpoint-seconds"
 #: the pod now), or how many seconds more its checkpoint needs (up to the member's maximum).
 CHECKPOINTED_AT = "vkprovider.io/checkpointed-at"
 CHECKPOINT_EXTEND = "vkprovider.io/checkpoint-extend"
+#: On a gang's front-end pods: the job was told GangIncomplete (once, across restarts).
+GANG_INCOMPLETE_TOLD = "vkprovider.io/gang-incomplete-told"
 #: On a front-end pod ended by a disruption: its job was told (PodsReclaimed, last-reclaim).
 JOB_TOLD = "vkprovider.io/job-told"
 #: A hybrid job's policy when its virtual part falls below the gang minimum: "keep" (report

@@ -335,6 +335,8 @@ class FederationProvider:
         if pod is None:
             self._unknown_yet()
             pod = self._gone_while_down(key)
+        elif self.dispatcher.to_adopt(key) and (front := self.recall.front(key)) is not None:
+            await self.dispatcher.adopt(front)  # a gang waiting in its member: its timer goes on
         return pod
 
     def _gone_while_down(self, key: str) -> Pod | None:

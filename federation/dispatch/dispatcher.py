@@ -167,6 +167,13 @@ class Dispatcher:
                 job.ready_at = self.gangs.ready_since(job) if job.gang.is_gang else time.monotonic()
             await self.dispatch(job)
 
+    def to_adopt(self, key: str) -> bool:
+        """Whether `adopt` has anything to do for this pod (a lookup: asked on every status read)."""
+        if key in self.job_of_pod:
+            return False
+        found = self.reports.member_pod(key)
+        return found is not None and not found[1].get("spec", {}).get("nodeName")
+
     async def adopt(self, pod: Pod) -> None:
         """A front-end pod (from the runtime's cache) a restarted provider finds in a member, not
         bound there: the runtime reads it (get_pod) and never creates it again, so its gang's

@@ -49,7 +49,7 @@ SETTLE = 5.0
 #: On each pod of a gang told GangIncomplete (the time it was told): a restarted provider tells
 #: it no second time. An annotation rather than a look for the Event: it is read with the pod
 #: (no request, and no permission to list Events), and it does not expire with the Event.
-TOLD = "vkprovider.io/gang-incomplete-told"
+TOLD = labels.GANG_INCOMPLETE_TOLD
 #: Pods of a gang marked at once.
 CONCURRENCY = 32
 GANG_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)

@@ -47,6 +47,10 @@ class FrontRecall:
         self._cache, self._listed = cache, listed
         self._given.set()
 
+    def front(self, key: str) -> Pod | None:
+        """The front-end pod as the runtime's cache holds it, unless it has ended."""
+        return self._front(key)
+
     def _front(self, key: str) -> Pod | None:
         front = self._cache.get(key) if self._cache is not None else None
         return None if front is None or podstatus.is_terminal(front) else front

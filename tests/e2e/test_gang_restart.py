@@ -120,11 +120,6 @@ async def test_a_gang_waiting_for_room_restarted_two_thirds_in_times_out_once_at
         await cleanup_and_stop(lab, offline, ns, proc)
 
 
-@pytest.mark.skip(
-    reason="needs federation/provider.py to hand the dispatcher the pods a restarted provider finds "
-    "in members (Dispatcher.adopt, from get_pod): the runtime never creates them again, so nothing "
-    "times their gang; without it the gang stays in member-2 (issue 43)"
-)
 @pytest.mark.shares_lab
 async def test_a_gang_its_member_does_not_bind_restarted_two_thirds_in_rolls_back_at_its_timeout(
     lab: Lab, offline: KubeClient, tmp_path: Path
