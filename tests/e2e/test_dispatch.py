@@ -87,6 +87,18 @@ def pod_group(name: str, min_count: int, annotations: dict[str, str]) -> dict[st
     }
 
 
+def member_2_never_binds(lab: Lab, workdir: Path) -> VkProcess:
+    """A provider over every member that prefers member-2, whose pods name a scheduler member-2
+    does not run: a gang sent there is never bound."""
+    weights = {"member-1": 1, "member-2": 10, "member-3": 5}
+    proc = federation_vk(lab, workdir, lab.members)
+    for entry in proc.overrides["provider.federation"]["members"]:
+        entry["weight"] = weights[entry["name"]]
+        if entry["name"] == "member-2":
+            entry["scheduler_name"] = "no-such-scheduler"
+    return proc
+
+
 async def cleanup(lab: Lab, offline: KubeClient, ns: str) -> None:
     """Delete the namespace and wait for its pods to go (the provider deletes their member
     pods meanwhile), then drop the member namespaces: later tests start from clean members."""
@@ -228,12 +240,7 @@ async def test_a_gang_the_member_does_not_bind_rolls_back_to_the_next_member(
     """member-2 is preferred but its pods name a scheduler it does not run, so it never binds
     the gang: after the gang's timeout its pods and PodGroup are deleted there and the gang goes
     whole to the next member (member-3), with an Event saying so."""
-    weights = {"member-1": 1, "member-2": 10, "member-3": 5}
-    proc = federation_vk(lab, tmp_path, lab.members)
-    for entry in proc.overrides["provider.federation"]["members"]:
-        entry["weight"] = weights[entry["name"]]
-        if entry["name"] == "member-2":
-            entry["scheduler_name"] = "no-such-scheduler"
+    proc = member_2_never_binds(lab, tmp_path)
     await start_synced(proc)
     ns = await make_namespace(offline, f"rollback-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "native", "g4")

@@ -14,12 +14,10 @@ import contextlib
 import datetime
 import random
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from e2e import audit
 from e2e.fixtures import Lab
@@ -36,12 +34,6 @@ NOTICE = 3.0
 TRIALS = 3 if KILL_TRIALS <= 5 else KILL_TRIALS
 RECLAIM_AT = "vkprovider.io/reclaim-at"
 FINALIZER = "vkprovider.io/drain"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def offline(lab: Lab) -> AsyncIterator[KubeClient]:
-    async with lab.client("offline") as client:
-        yield client
 
 
 def _seconds(stamp: str) -> float:

@@ -28,7 +28,7 @@ from federation import jobs, labels
 from federation.dispatch.jobstate import parse_time
 from federation.jobs import JobRef
 from tests.e2e.helpers import eventually, make_namespace, pods
-from tests.e2e.test_dispatch import cleanup_and_stop, gang_pod, pod_group, start_synced
+from tests.e2e.test_dispatch import cleanup_and_stop, gang_pod, member_2_never_binds, pod_group, start_synced
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient
@@ -125,12 +125,7 @@ async def test_a_gang_its_member_does_not_bind_restarted_two_thirds_in_rolls_bac
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
     """member-2 is preferred but never binds (its pods name a scheduler it does not run)."""
-    weights = {"member-1": 1, "member-2": 10, "member-3": 5}
-    proc = federation_vk(lab, tmp_path, lab.members)
-    for entry in proc.overrides["provider.federation"]["members"]:
-        entry["weight"] = weights[entry["name"]]
-        if entry["name"] == "member-2":
-            entry["scheduler_name"] = "no-such-scheduler"
+    proc = member_2_never_binds(lab, tmp_path)
     await start_synced(proc)
     ns = await make_namespace(offline, f"gangsent-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "native", "g4")
