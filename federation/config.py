@@ -212,6 +212,16 @@ class FederationConfig(_Model):
         120.0, gt=0, description="Seconds between checks for member pods whose front-end pods are gone or ended."
     )
     publish_interval: float = Field(0.5, description="Seconds between capacity recomputations at most.")
+    secret_exec_commands: list[str] = Field(
+        default_factory=list,
+        description="Exec plugin commands (exactly as written) a kubeconfig in a MemberCluster's Secret may "
+        "name; they run inside the provider. Any other is refused with a condition on the MemberCluster.",
+    )
+    secret_file_paths: list[str] = Field(
+        default_factory=list,
+        description="Directories whose files (tokenFile, client certificates, CAs) a kubeconfig in a "
+        "MemberCluster's Secret may name; they are read inside the provider. Any other is refused.",
+    )
     kept_log_bytes: int = Field(
         1 << 20,
         ge=0,

@@ -38,7 +38,7 @@ from federation.members.announcer import Announcer
 from federation.members.fleet import Fleet, SourceFactory
 from federation.members.lastlogs import LastLogs
 from federation.members.member import CapacitySource, DirectSource, Member
-from federation.members.objects import MemberObjects, front_end_uid
+from federation.members.objects import MemberObjects, SecretAllowance, front_end_uid
 from federation.members.orphans import OrphanReconciler
 from federation.members.outages import Outage
 from federation.members.pods import MemberPods
@@ -246,7 +246,10 @@ class FederationProvider:
             webhook = RoutingWebhook(self.config.routing, name=self.node_name)
             tasks.append(asyncio.create_task(webhook.run(client), name="federation/routing-webhook"))
         if self.config.member_objects:
-            self._objects = MemberObjects(self.fleet, client, selector=self.config.member_selector, node=self.node_name)
+            allow = SecretAllowance(tuple(self.config.secret_exec_commands), tuple(self.config.secret_file_paths))
+            self._objects = MemberObjects(
+                self.fleet, client, selector=self.config.member_selector, node=self.node_name, allow=allow
+            )
             tasks.append(asyncio.create_task(self._objects.run(), name="federation/member-objects"))
         else:
             self.started.set()

@@ -15,8 +15,10 @@ import base64
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -101,9 +103,18 @@ def change(existing: Member | None, config: MemberConfig) -> Change:
 class MemberObjects:
     """Follows the MemberCluster objects `selector` picks, for the lifetime of `run`."""
 
-    def __init__(self, members: MemberSet, client: KubeClient, *, selector: str, node: str) -> None:
+    def __init__(
+        self,
+        members: MemberSet,
+        client: KubeClient,
+        *,
+        selector: str,
+        node: str,
+        allow: SecretAllowance | None = None,
+    ) -> None:
         self._members = members
         self._client = client
+        self._allow = allow or SecretAllowance()
         self._selector = {"labelSelector": selector} if selector else None
         self._log = logs.get("federation", node=node)
         #: Objects whose finalizer is to come off (their member drained away), with when to try.
@@ -124,7 +135,11 @@ class MemberObjects:
             config = member_from_object(obj)
             # An agent-fed member without a kubeconfig only lends; with one, our pods go there.
             has_secret = bool((obj.get("spec") or {}).get("kubeconfigSecretRef"))
-            access = await access_from_secret(self._client, obj) if config.source == "direct" or has_secret else None
+            access = (
+                await access_from_secret(self._client, obj, self._allow)
+                if config.source == "direct" or has_secret
+                else None
+            )
         except (ApiError, ProviderError, ValueError) as exc:
             self._log.warning("MemberCluster cannot be used", cluster=name, error=str(exc))
             await self._patch_status(
@@ -159,7 +174,11 @@ class MemberObjects:
         try:
             config = member_from_object(obj).model_copy(update={"enabled": False})
             has_secret = bool((obj.get("spec") or {}).get("kubeconfigSecretRef"))
-            access = await access_from_secret(self._client, obj) if config.source == "direct" or has_secret else None
+            access = (
+                await access_from_secret(self._client, obj, self._allow)
+                if config.source == "direct" or has_secret
+                else None
+            )
         except (NotFound, ValueError) as exc:
             # Nothing can reach the member any more: holding the object would only block it.
             self._log.warning(
@@ -371,9 +390,54 @@ async def front_end_uid(front: KubeClient) -> str:
     return str(namespace["metadata"]["uid"])
 
 
-async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterAccess:
+@dataclass(frozen=True)
+class SecretAllowance:
+    """What a kubeconfig from a MemberCluster's Secret may make the provider run or read: exec
+    plugin commands (exactly as written) and file path prefixes. Whoever may write such a Secret
+    is not thereby allowed to run programs or read files inside the provider."""
+
+    commands: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+
+#: Where a kubeconfig names files: (section, its inner key, the keys that are paths).
+_FILE_KEYS = (
+    ("users", "user", ("tokenFile", "client-certificate", "client-key")),
+    ("clusters", "cluster", ("certificate-authority",)),
+)
+
+
+def secret_refusal(doc: dict[str, Any], allow: SecretAllowance) -> str | None:
+    """Why a kubeconfig from a Secret is refused (an exec command or a file outside the allow
+    list), or None."""
+    for section, inner, keys in _FILE_KEYS:
+        for entry in doc.get(section) or []:
+            body = (entry or {}).get(inner) or {}
+            if not isinstance(body, dict):
+                continue
+            plugin = body.get("exec")
+            command = str(plugin.get("command") or "") if isinstance(plugin, dict) else ""
+            if command and command not in allow.commands:
+                return (
+                    f"its exec plugin command {command!r} is not on the provider's allow list "
+                    "(provider.federation.secret_exec_commands)"
+                )
+            for key in keys:
+                path = body.get(key)
+                if path and not any(os.path.normpath(str(path)).startswith(os.path.join(p, "")) for p in allow.paths):
+                    return (
+                        f"its {key} {str(path)!r} is outside the provider's allowed paths "
+                        "(provider.federation.secret_file_paths)"
+                    )
+    return None
+
+
+async def access_from_secret(
+    front: KubeClient, obj: dict[str, Any], allow: SecretAllowance | None = None
+) -> ClusterAccess:
     """How to reach the member a MemberCluster object declares: the kubeconfig in the Secret it
-    names. KubeconfigError (a ValueError) names the member and says why it cannot be used."""
+    names. KubeconfigError (a ValueError) names the member and says why it cannot be used,
+    including an exec command or file path outside `allow` (None: not checked)."""
     ref = (obj.get("spec") or {}).get("kubeconfigSecretRef") or {}
     secret = await front.get(f"/api/v1/namespaces/{ref.get('namespace')}/secrets/{ref.get('name')}")
     key = ref.get("key") or "kubeconfig"
@@ -388,7 +452,11 @@ async def access_from_secret(front: KubeClient, obj: dict[str, Any]) -> ClusterA
     if not isinstance(doc, dict):
         raise KubeconfigError(f"{who}: key {key} of secret {ref.get('name')} is not a kubeconfig")
     # Files and exec commands named by a kubeconfig from a Secret are this process's.
-    return parse_kubeconfig(doc, base=Path("/"), name=who)
+    access = parse_kubeconfig(doc, base=Path("/"), name=who)
+    refusal = secret_refusal(doc, allow) if allow is not None else None
+    if refusal is not None:
+        raise KubeconfigError(f"{who}: the kubeconfig in secret {ref.get('name')} is refused: {refusal}")
+    return access
 
 
 class KubeconfigSecret:

@@ -849,7 +849,7 @@ async def test_kubelet_api_tokens_serving_certificate_stats_and_pods(lab: Lab, o
         verified.check_hostname = False  # the certificate names the node and its InternalIP, not "127.0.0.1" as a host
         base = f"https://127.0.0.1:{proc.port}"
         allowed = await _service_account_token(offline, ns, "scraper")
-        await _grant_to_service_account(offline, ns, "scraper", ["proxy", "stats"])
+        await _grant_to_service_account(offline, ns, "scraper", ["proxy", "stats", "metrics"])
         refused = await _service_account_token(offline, ns, "nobody")
         async with aiohttp.ClientSession() as session:
 
@@ -887,6 +887,31 @@ async def test_kubelet_api_tokens_serving_certificate_stats_and_pods(lab: Lab, o
                     assert resp.status == 403 and 'cannot create resource "nodes/proxy"' in body, (path, body)
             status, _ = await get("/pods", "not-a-token")
             assert status == 401
+
+            # A monitoring account (`get` on nodes/proxy, stats and metrics) reads what it scrapes
+            # but cannot run anything: exec, attach and port-forward need `create`, whatever the
+            # method of the upgrade (a WebSocket upgrade is a GET).
+            for path in ("/stats/summary", "/metrics/resource"):
+                status, body = await get(path, allowed)
+                assert status == 200, (path, body)
+            websocket = {
+                "Authorization": f"Bearer {allowed}",
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Protocol": "v5.channel.k8s.io",
+            }
+            spdy = {"Authorization": f"Bearer {allowed}", "Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
+            for path in (
+                f"/exec/{ns}/probe/{container}?command=id&output=1",
+                f"/attach/{ns}/probe/{container}?output=1",
+                f"/portForward/{ns}/probe?ports=80",
+            ):
+                for method, headers in (("GET", websocket), ("POST", spdy)):
+                    async with session.request(method, base + path, ssl=verified, headers=headers) as resp:
+                        body = await resp.text()
+                        assert resp.status == 403 and 'cannot create resource "nodes/proxy"' in body, (path, body)
 
     finally:
         await delete_namespace(offline, ns)

@@ -523,6 +523,19 @@ class _FrontEnd:
             yaml.safe_dump(_kubeconfig("https://h", {"exec": {"command": "aws"}})).encode(),
             "member member-1: exec plugin in the kubeconfig: malformed request. missing key 'apiVersion'",
         ),
+        # Well-formed, but a Secret's writer may not run programs or read files in the provider
+        # unless its settings allow them (none by default).
+        (
+            yaml.safe_dump(
+                _kubeconfig("https://h", {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}})
+            ).encode(),
+            "member member-1: the kubeconfig in secret m1 is refused: its exec plugin command 'aws' is not on the "
+            "provider's allow list",
+        ),
+        (
+            yaml.safe_dump(_kubeconfig("https://h", {"tokenFile": "/etc/shadow"})).encode(),
+            "member member-1: the kubeconfig in secret m1 is refused: its tokenFile '/etc/shadow' is outside",
+        ),
     ],
 )
 async def test_a_member_object_whose_kubeconfig_cannot_be_used_says_why(kubeconfig: bytes, reason: str) -> None:
@@ -541,3 +554,18 @@ async def test_a_member_object_whose_kubeconfig_cannot_be_used_says_why(kubeconf
     [condition] = front.statuses[-1]["conditions"]
     assert (condition["type"], condition["status"], condition["reason"]) == ("Ready", "False", "InvalidSpec")
     assert condition["message"].startswith(reason)
+
+
+def test_a_secrets_kubeconfig_may_name_only_allowed_commands_and_paths() -> None:
+    from federation.members.objects import SecretAllowance, secret_refusal
+
+    allow = SecretAllowance(commands=("kubelogin",), paths=("/var/run/secrets/members",))
+    assert secret_refusal(_kubeconfig("https://h", {"exec": {"command": "kubelogin"}}), allow) is None
+    assert secret_refusal(_kubeconfig("https://h", {"tokenFile": "/var/run/secrets/members/m1/token"}), allow) is None
+    refused = secret_refusal(_kubeconfig("https://h", {"exec": {"command": "/usr/bin/kubelogin"}}), allow)
+    assert refused is not None and "'/usr/bin/kubelogin'" in refused  # exactly as written
+    escaped = {"tokenFile": "/var/run/secrets/members/../../../etc/shadow"}
+    assert secret_refusal(_kubeconfig("https://h", escaped), allow) is not None  # normalised first
+    ca = _kubeconfig("https://h", {}, cluster={"certificate-authority": "/tmp/ca.crt"})
+    assert "certificate-authority" in (secret_refusal(ca, allow) or "")
+    assert secret_refusal(_kubeconfig("https://h", {"token": "t"}), SecretAllowance()) is None

@@ -13,7 +13,7 @@ import pytest
 
 from vkprovider import node, podstatus, settings
 from vkprovider.backoff import ExponentialBackoff
-from vkprovider.httpapi.auth import subresource_for, user_from_certificate
+from vkprovider.httpapi.auth import subresource_for, subresources_for, user_from_certificate, verb_for
 from vkprovider.httpapi.server import log_options, resource_metrics
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod
@@ -300,6 +300,28 @@ def test_every_setting_is_documented() -> None:
 )
 def test_subresources(path: str, subresource: str) -> None:
     assert subresource_for(path) == subresource
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "verb", "subresources"),
+    [
+        # What a request does decides its verb: a WebSocket exec is a GET, and still `create`.
+        ("GET", "/exec/ns/pod/c", "create", ("proxy",)),
+        ("POST", "/exec/ns/pod/c", "create", ("proxy",)),
+        ("GET", "/attach/ns/pod/c", "create", ("proxy",)),
+        ("GET", "/portForward/ns/pod", "create", ("proxy",)),
+        ("GET", "/run/ns/pod/c", "create", ("proxy",)),
+        ("GET", "/stats/summary", "get", ("stats",)),
+        ("GET", "/metrics/resource", "get", ("metrics",)),
+        ("GET", "/containerLogs/ns/pod/c", "get", ("proxy",)),
+        ("GET", "/pods", "get", ("pods", "proxy")),
+        ("GET", "/runningpods/", "get", ("pods", "proxy")),
+        ("GET", "/healthz", "get", ("healthz", "proxy")),
+    ],
+)
+def test_authorized_by_what_the_request_does(method: str, path: str, verb: str, subresources: tuple[str, ...]) -> None:
+    assert verb_for(method, path) == verb
+    assert subresources_for(path) == subresources
 
 
 def test_user_from_certificate() -> None:

@@ -23,15 +23,42 @@ class User:
     extra: tuple[tuple[str, tuple[str, ...]], ...] = field(default=())
 
 
-def subresource_for(path: str) -> str:
-    """The nodes subresource a kubelet path is authorized as (kubelet server auth rules)."""
+#: Paths that run something in a container or open a tunnel into it. They are authorized as
+#: `create`, whatever the request's method: a WebSocket upgrade is a GET, and a monitoring
+#: account's `get nodes/proxy` (granted to scrape /stats and /metrics) must not open a shell.
+#: The kubelet itself takes the verb from the method; this is stricter on purpose.
+ACTIONS = ("/exec/", "/attach/", "/portForward/", "/run/", "/cri/")
+
+
+def verb_for(method: str, path: str) -> str:
+    """The verb a kubelet request is authorized as: by what it does, not its HTTP method."""
+    if path.startswith(ACTIONS):
+        return "create"
+    return VERBS.get(method, "get")
+
+
+def subresources_for(path: str) -> tuple[str, ...]:
+    """The nodes subresources a kubelet path may be authorized as, finest first (the kubelet's
+    fine-grained authorization: `nodes/pods`, `nodes/healthz`, `nodes/configz`, falling back to
+    `nodes/proxy` for apiservers and roles that predate them)."""
     if path.startswith("/stats"):
-        return "stats"
+        return ("stats",)
     if path.startswith("/metrics"):
-        return "metrics"
+        return ("metrics",)
     if path.startswith("/logs"):
-        return "log"
-    return "proxy"
+        return ("log",)
+    if path.startswith(("/pods", "/runningpods")):
+        return ("pods", "proxy")
+    if path.startswith("/healthz"):
+        return ("healthz", "proxy")
+    if path.startswith("/configz"):
+        return ("configz", "proxy")
+    return ("proxy",)
+
+
+def subresource_for(path: str) -> str:
+    """The coarsest subresource a kubelet path is authorized as (what a denial names)."""
+    return subresources_for(path)[-1]
 
 
 def user_from_certificate(peercert: dict[str, Any] | None) -> User | None:
@@ -85,10 +112,18 @@ class Authorizer:
         self._denied: TTLCache[tuple[User, str, str, str], str] = TTLCache(maxsize=4096, ttl=deny_ttl)
 
     async def check(self, user: User, *, method: str, path: str, node: str | None = None) -> tuple[bool, str]:
-        """(allowed, reason) for `user` calling `method path` on `node` (default: this one)."""
+        """(allowed, reason) for `user` calling `method path` on `node` (default: this one):
+        allowed when any of the path's subresources is, the finest asked first."""
         node = node or self._node
-        verb = VERBS.get(method, "get")
-        subresource = subresource_for(path)
+        verb = verb_for(method, path)
+        reason = ""
+        for subresource in subresources_for(path):
+            allowed, reason = await self._review(user, verb, subresource, node)
+            if allowed:
+                return True, ""
+        return False, reason
+
+    async def _review(self, user: User, verb: str, subresource: str, node: str) -> tuple[bool, str]:
         key = (user, verb, subresource, node)
         if key in self._allowed:
             return True, ""
