@@ -52,10 +52,11 @@ class CutProxy:
         self.cut()
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
         for task in list(self._pipes):
             task.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not self._open:

@@ -21,6 +21,7 @@ from vkprovider.kube import KubeClient, NotFound
 
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 MEMBER = "member-1"
+SCENE_LABEL = "vkprovider.io/test-scene"
 
 
 def front_pod(
@@ -113,9 +114,16 @@ async def start_scene(
         spec["capacity"] = capacity
     await offline.create(
         MEMBERS,
-        {"apiVersion": "vkprovider.io/v1alpha1", "kind": "MemberCluster", "metadata": {"name": name}, "spec": spec},
+        {
+            "apiVersion": "vkprovider.io/v1alpha1",
+            "kind": "MemberCluster",
+            "metadata": {"name": name, "labels": {SCENE_LABEL: tag}},
+            "spec": spec,
+        },
     )
     proc = federation_vk(lab, workdir, [], **{"kube.kubeconfig": str(front_config)})
+    # Its own MemberCluster only: scenes of tests that run side by side stay apart.
+    proc.overrides["provider.federation"]["member_selector"] = f"{SCENE_LABEL}={tag}"
     proc.start()
     await proc.wait_ready()
 

@@ -23,7 +23,7 @@ from e2e import audit
 from e2e.fixtures import Lab
 from tests.e2e.helpers import KILL_TRIALS, MEMBERS, eventually
 from tests.e2e.memberwatch import PODS, MemberWatch
-from tests.e2e.reclaim_scene import MEMBER, Scene, front_pod, start_scene, stop_scene
+from tests.e2e.reclaim_scene import MEMBER, SCENE_LABEL, Scene, front_pod, start_scene, stop_scene
 from vkprovider.kube import KubeClient, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -163,7 +163,7 @@ async def _trial(
             {
                 "apiVersion": "vkprovider.io/v1alpha1",
                 "kind": "MemberCluster",
-                "metadata": {"name": scene.member},
+                "metadata": {"name": scene.member, "labels": {SCENE_LABEL: scene.member.removeprefix("reclaim-")}},
                 "spec": spec,
             },
         )

@@ -35,7 +35,7 @@ from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
 from tests.e2e.reclaim_scene import front_pod, start_scene, stop_scene
 from tests.e2e.test_dispatch import cleanup, pod_group
 from tests.e2e.test_federation_capacity import federation_vk
-from tests.e2e.test_outages import SLACK, condition, plain_pod, start_provider
+from tests.e2e.test_outages import SLACK, condition, plain_pod
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient
 
@@ -93,6 +93,19 @@ async def _trials(name: str, trial: Trial, window: float, rng: random.Random) ->
 # -- outage --------------------------------------------------------------------------------------
 
 
+async def _started(proc: VkProcess) -> None:
+    """Started and its member's capacity known; three providers start at once beside another
+    test on two cores, so the wait is longer than a lone start's."""
+    proc.start()
+    await proc.wait_ready(timeout=90)
+
+    async def synced() -> bool:
+        members = (await proc.view()).get("members", {})
+        return len(members) == 1 and all("lendable" in m for m in members.values())
+
+    await eventually(synced, timeout=90, what="member capacity")
+
+
 async def _outage(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Random) -> None:
     proxy = CutProxy(lab.kubeconfig("member-3"))
     await proxy.start()
@@ -102,7 +115,6 @@ async def _outage(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rand
         {"name": "member-3", "kubeconfig": str(proxy.kubeconfig(workdir / "member-3.yaml"))}
     ]
     proc.overrides["provider.federation"]["pods_lost_after"] = LOST_AFTER
-    await start_provider(proc, 1)
 
     async def trial(n: int, kill_at: float | None) -> dict[str, State]:
         ns = await make_namespace(offline, f"rh-outage-{n}-{uuid.uuid4().hex[:4]}")
@@ -136,6 +148,7 @@ async def _outage(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rand
                 await delete_namespace(member, ns)
 
     try:
+        await _started(proc)
         await _trials("outage", trial, LOST_AFTER + 4.0, rng)
     finally:
         proc.ensure_stopped()
@@ -152,7 +165,6 @@ async def _none(client: KubeClient, ns: str) -> bool:
 async def _gang(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Random) -> None:
     workdir.mkdir()
     proc = federation_vk(lab, workdir, ["member-2"])
-    await start_provider(proc, 1)
     to_virtual = {
         "nodeSelector": {"kubernetes.io/hostname": proc.node},
         "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
@@ -210,6 +222,7 @@ async def _gang(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Random
             await cleanup(lab, offline, ns)
 
     try:
+        await _started(proc)
         await _trials("gang", trial, GANG_TIMEOUT, rng)
     finally:
         proc.ensure_stopped()
