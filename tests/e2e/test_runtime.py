@@ -308,7 +308,7 @@ async def _grant_nodes_proxy(client: KubeClient, user: str) -> None:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": f"test-{user}"},
-        "rules": [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}],
+        "rules": [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get", "create"]}],
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
