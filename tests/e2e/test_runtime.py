@@ -174,7 +174,18 @@ async def test_deployment_scales_and_job_completes(offline: KubeClient, vk: Any)
             assert container["ready"] and container["restartCount"] == 0 and "running" in container["state"]
             assert status["podIP"] and status["hostIP"] == "127.0.0.1" and status["startTime"]
         await offline.patch(f"/apis/apps/v1/namespaces/{ns}/deployments/web", {"spec": {"replicas": 0}})
-        await eventually(lambda: _count(offline, ns, "app=web", 0), timeout=120, what="scaled to 0")
+        try:
+            await eventually(lambda: _count(offline, ns, "app=web", 0), timeout=120, what="scaled to 0")
+        except AssertionError as exc:
+            # Where the pods stopped tells whose turn it was: no deletionTimestamp is the
+            # ReplicaSet controller's, one without the provider's grace-0 delete is ours.
+            left = await pods(offline, ns, "app=web")
+            marked = [p["metadata"]["name"] for p in left if p["metadata"].get("deletionTimestamp")]
+            deployment_now = await offline.get(f"/apis/apps/v1/namespaces/{ns}/deployments/web")
+            raise AssertionError(
+                f"{exc}: {len(left)} left, {len(marked)} marked for deletion (e.g. {marked[:3]}); "
+                f"deployment status {deployment_now.get('status')}; provider log:\n{proc.tail(40)}"
+            ) from exc
         assert proc.provider_pods() == {} or await eventually(
             lambda: _provider_empty(proc), timeout=10, what="provider empty"
         )
