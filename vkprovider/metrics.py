@@ -84,6 +84,12 @@ class Metrics:
         self.stream_sessions = Gauge(
             "vkprovider_stream_sessions", "Open exec, attach and port-forward sessions.", ["kind"], registry=r
         )
+        self.kubelet_limits_hit = Counter(
+            "vkprovider_kubelet_limits_hit",
+            "Times a client of the kubelet port reached a limit (connections, header_timeout, streams, ...).",
+            ["limit"],
+            registry=r,
+        )
         r.register(_Tasks())
 
     async def probe_loop_lag(self, interval: float = LAG_INTERVAL) -> None:

@@ -22,6 +22,7 @@ from vkprovider.election import LeaderElector
 from vkprovider.events import EventRecorder
 from vkprovider.httpapi.auth import Authenticator, Authorizer
 from vkprovider.httpapi.certs import serving_certificate
+from vkprovider.httpapi.limits import ConnectionGuard, GuardedSite, StreamLimits, max_sessions
 from vkprovider.httpapi.server import KubeletApi, health_app, tls_context
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, WriteFence, load_kubeconfig
 from vkprovider.kube.access import in_cluster
@@ -251,6 +252,26 @@ class Runtime:
         client_ca = await _client_ca(client, settings)
         if client_ca is None:
             self._log.warning("no client CA: only bearer tokens can authenticate to the kubelet API")
+        http = settings.http
+        hit = self.metrics.kubelet_limits_hit
+        limits = StreamLimits(
+            max_streams=http.max_streams,
+            max_port_forward_pairs=http.max_port_forward_pairs,
+            max_frame_bytes=http.max_frame_bytes,
+            max_message_bytes=http.max_message_bytes,
+            resize_buffer_bytes=http.resize_buffer_bytes,
+            session_buffer_bytes=http.session_buffer_bytes,
+            outbox_bytes=http.outbox_bytes,
+            idle_seconds=http.stream_idle,
+            hit=lambda limit: hit.labels(limit).inc(),
+        )
+        guard = ConnectionGuard(
+            max_connections=http.max_connections,
+            max_pending_per_address=http.max_pending_per_address,
+            header_seconds=http.header_timeout,
+            idle_seconds=http.keepalive_idle,
+            hit=lambda limit: hit.labels(limit).inc(),
+        )
         api = KubeletApi(
             node=node_name,
             node_of=self.pods.node_of if self.pods else None,
@@ -264,11 +285,14 @@ class Runtime:
                 deny_ttl=settings.http.authz_deny_cache_seconds,
             ),
             sessions=self.metrics.stream_sessions,
+            limits=limits,
+            max_sessions=max_sessions(http.memory_budget_bytes, limits),
+            guard=guard,
         )
-        runner = web.AppRunner(api.app(), access_log=None)
+        runner = web.AppRunner(api.app(), access_log=None, keepalive_timeout=http.keepalive_idle)
         await runner.setup()
         ssl_context = tls_context(cert_file=str(cert.cert_file), key_file=str(cert.key_file), client_ca=client_ca)
-        await web.TCPSite(runner, settings.http.bind, settings.http.port, ssl_context=ssl_context).start()
+        await GuardedSite(runner, http.bind, http.port, guard=guard, ssl_context=ssl_context).start()
         self._log.info("kubelet API serving", port=settings.http.port, certificate=cert.source)
         return runner
 

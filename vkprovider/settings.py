@@ -99,6 +99,31 @@ class HttpSettings(_Section):
     authz_deny_cache_seconds: float = Field(30.0, description="Seconds a denying SubjectAccessReview is cached.")
     health_port: int = Field(10255, description="Plain HTTP port for /healthz, /readyz and /metrics; 0 disables.")
     health_bind: str = Field("0.0.0.0", description="Address of the plain HTTP port.")
+    # What one client may hold of the kubelet port (vkprovider.httpapi.limits); each limit hit
+    # is counted in vkprovider_kubelet_limits_hit_total{limit}.
+    header_timeout: float = Field(10.0, description="Seconds a client has to finish its TLS handshake and headers.")
+    keepalive_idle: float = Field(60.0, description="Seconds a kept-alive connection may wait for its next request.")
+    stream_idle: float = Field(
+        4 * 3600.0, description="Seconds a streaming session (exec, attach, port-forward) may pass without a byte."
+    )
+    max_connections: int = Field(1000, description="Open connections, all clients together.", ge=1)
+    max_pending_per_address: int = Field(
+        64, description="Connections of one client address that have not yet sent a whole request.", ge=1
+    )
+    max_streams: int = Field(256, description="Open SPDY streams per session.", ge=8)
+    max_port_forward_pairs: int = Field(100, description="Port-forward connections per session.", ge=1)
+    max_frame_bytes: int = Field(1 << 20, description="Largest SPDY frame accepted.", ge=64 * 1024)
+    max_message_bytes: int = Field(1 << 20, description="Largest WebSocket message accepted.", ge=64 * 1024)
+    resize_buffer_bytes: int = Field(4096, description="Largest terminal-size message.", ge=256)
+    session_buffer_bytes: int = Field(
+        1 << 20, description="Bytes a session may hold received and not yet passed on.", ge=64 * 1024
+    )
+    outbox_bytes: int = Field(256 * 1024, description="Bytes a session may hold for a client that does not read.")
+    memory_budget_bytes: int = Field(
+        1 << 30,
+        description="Memory the streaming sessions may hold together; it sets how many may be open at once.",
+        ge=16 << 20,
+    )
 
 
 class LeaderElectionSettings(_Section):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from vkprovider.httpapi import remotecommand
+from vkprovider.httpapi.limits import StreamLimits
 from vkprovider.provider import TermSize
 
 
@@ -38,7 +39,7 @@ class Chunks:
 @pytest.mark.asyncio
 async def test_resize_messages_may_be_split_or_joined() -> None:
     stream: Any = Chunks(b'{"Width":80,"Hei', b'ght":24}\n{"Width":100,"Height":30}{"Width"', b':1,"Height":2}')
-    sizes = [s async for s in remotecommand._resizes(stream)]
+    sizes = [s async for s in remotecommand._resizes(stream, StreamLimits())]
     assert sizes == [TermSize(80, 24), TermSize(100, 30), TermSize(1, 2)]
     await asyncio.sleep(0)
 

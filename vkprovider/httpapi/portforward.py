@@ -22,6 +22,7 @@ from aiohttp import web
 
 from vkprovider import logs
 from vkprovider.httpapi import spdysession
+from vkprovider.httpapi.limits import DEFAULT_LIMITS, StreamLimits
 from vkprovider.httpapi.remotecommand import offered
 from vkprovider.httpapi.spdysession import Stream, StreamReset
 from vkprovider.provider import PortForwardProvider, ProviderError
@@ -52,18 +53,28 @@ def port_of(stream: Stream) -> int | None:
 class _Forwards:
     """The pairs of one session and the tasks that carry them."""
 
-    def __init__(self, provider: PortForwardProvider, namespace: str, pod: str) -> None:
+    def __init__(self, provider: PortForwardProvider, namespace: str, pod: str, limits: StreamLimits) -> None:
         self.provider = provider
         self.namespace = namespace
         self.pod = pod
+        self.limits = limits
         self.pairs: dict[str, dict[str, Stream]] = {}
+        self.forwarding = 0  # complete pairs being carried
         self.tasks: set[asyncio.Task[None]] = set()
 
     def add(self, stream: Stream) -> None:
+        if stream.kind != "data":
+            stream.discard()  # ours to write: kubectl sends nothing on an error stream
         if stream.kind not in ("data", "error"):
             self._spawn(_refuse(stream, f"unknown stream type {stream.kind!r}"), "refuse")
             return
         rid = request_id(stream)
+        if rid not in self.pairs and len(self.pairs) + self.forwarding >= self.limits.max_port_forward_pairs:
+            # Each pair holds a stream to the member: a session gets a bounded number.
+            self.limits.hit("port_forward_pairs")
+            limit = self.limits.max_port_forward_pairs
+            self._spawn(_refuse(stream, f"too many port-forward connections in one session (limit {limit})"), "refuse")
+            return
         pair = self.pairs.setdefault(rid, {})
         if stream.kind in pair:
             self._spawn(_refuse(stream, f"a second {stream.kind} stream for request {rid}"), "refuse")
@@ -91,6 +102,7 @@ class _Forwards:
         pair = self.pairs.pop(rid)
         data, error = pair["data"], pair["error"]
         port = port_of(data)
+        self.forwarding += 1
         try:
             if port is None:
                 raise ProviderError(f"invalid port {data.header('port')!r}")
@@ -101,6 +113,7 @@ class _Forwards:
             with contextlib.suppress(StreamReset):
                 await error.write(message.encode())
         finally:
+            self.forwarding -= 1
             for stream in (data, error):
                 await stream.close()
 
@@ -111,21 +124,22 @@ class _Forwards:
 
 
 async def _refuse(stream: Stream, message: str) -> None:
+    stream.discard()
     with contextlib.suppress(StreamReset):
         if stream.kind == "error":
             await stream.write(message.encode())
         await stream.close()
 
 
-async def serve(request: web.Request, provider: object) -> web.StreamResponse:
+async def serve(request: web.Request, provider: object, limits: StreamLimits = DEFAULT_LIMITS) -> web.StreamResponse:
     if not isinstance(provider, PortForwardProvider):
         return web.Response(status=501, text="this provider does not forward ports\n")
     if "spdy/3.1" not in request.headers.get("Upgrade", "").lower():
         return web.Response(status=400, text="port-forward needs an upgrade to SPDY/3.1\n")
     if PROTOCOL not in offered(request):
         return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {PROTOCOL}\n")
-    response, session = await spdysession.accept(request, PROTOCOL)
-    forwards = _Forwards(provider, request.match_info["namespace"], request.match_info["pod"])
+    response, session = await spdysession.accept(request, PROTOCOL, limits)
+    forwards = _Forwards(provider, request.match_info["namespace"], request.match_info["pod"], limits)
     try:
         # Pairs keep coming as long as kubectl accepts connections; the session ends when
         # kubectl (or the apiserver) goes.
@@ -134,5 +148,5 @@ async def serve(request: web.Request, provider: object) -> web.StreamResponse:
                 forwards.add(stream)
     finally:
         await forwards.stop()
-        session.close()
+        await session.aclose()
     return response

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from vkprovider.httpapi import spdysession
+from vkprovider.httpapi.limits import DEFAULT_LIMITS, StreamLimits
 from vkprovider.httpapi.spdysession import Session, Stream, StreamReset
 from vkprovider.provider import AttachProvider, ExecProvider, ExecStreams, ProviderError, TermSize
 
@@ -61,22 +62,45 @@ def status(exit_code: int | None, message: str = "") -> dict[str, Any]:
     }
 
 
-async def _resizes(stream: Stream) -> AsyncIterator[TermSize]:
+async def _resizes(stream: Stream, limits: StreamLimits) -> AsyncIterator[TermSize]:
+    """Terminal sizes as the client sends them; a message longer than `resize_buffer_bytes`
+    ends them (what is left of the stream is dropped, the command runs on)."""
     decoder = json.JSONDecoder()
     buffer = ""
     while True:
         chunk = await stream.read()
         if not chunk:
             return
-        buffer += chunk.decode(errors="replace")
-        while buffer.strip():
+        buffer = (buffer + chunk.decode(errors="replace")).lstrip()
+        while buffer:
             try:
-                value, end = decoder.raw_decode(buffer.lstrip())
+                value, end = decoder.raw_decode(buffer)
             except ValueError:
                 break  # an incomplete message: wait for more
-            buffer = buffer.lstrip()[end:]
-            if isinstance(value, dict):
-                yield TermSize(width=int(value.get("Width") or 0), height=int(value.get("Height") or 0))
+            except RecursionError:  # nested deeper than Python parses: no terminal size
+                limits.hit("resize_buffer")
+                stream.discard()
+                return
+            buffer = buffer[end:].lstrip()
+            size = term_size(value)
+            if size is not None:
+                yield size
+        if len(buffer) > limits.resize_buffer_bytes:
+            limits.hit("resize_buffer")
+            stream.discard()
+            return
+
+
+def term_size(value: Any) -> TermSize | None:
+    """A terminal-size message as the kubelet reads it (uint16 Width and Height; a dimension of
+    any other kind is 0); None for a message that is not an object."""
+    if not isinstance(value, dict):
+        return None
+
+    def dimension(found: Any) -> int:
+        return found if isinstance(found, int) and 0 <= found < 65536 else 0
+
+    return TermSize(width=dimension(value.get("Width")), height=dimension(value.get("Height")))
 
 
 def refusal(request: web.Request, provider: object, *, attach: bool) -> web.Response | None:
@@ -116,7 +140,9 @@ async def run(
         return None, str(exc)
 
 
-async def serve(request: web.Request, provider: object, *, attach: bool = False) -> web.StreamResponse:
+async def serve(
+    request: web.Request, provider: object, *, attach: bool = False, limits: StreamLimits = DEFAULT_LIMITS
+) -> web.StreamResponse:
     """Answer an exec (or, with `attach`, an attach) request."""
     refused = refusal(request, provider, attach=attach)
     if refused is not None:
@@ -133,18 +159,21 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
     wants = {"error"} | {name for name, on in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)) if on}
     if tty and protocol not in {"channel.k8s.io", "v2.channel.k8s.io"}:
         wants.add("resize")
-    response, session = await spdysession.accept(request, protocol)
+    response, session = await spdysession.accept(request, protocol, limits)
     try:
         streams = await _collect(session, wants)
         if streams is None:
             return response
+        for kind in ("error", "stdout", "stderr"):  # ours to write; the client sends nothing on them
+            if kind in streams:
+                streams[kind].discard()
         namespace, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
         io = ExecStreams(
             stdin=streams.get("stdin"),
             stdout=streams.get("stdout"),
             stderr=streams.get("stderr"),
             tty=tty,
-            resizes=_resizes(streams["resize"]) if "resize" in streams else None,
+            resizes=_resizes(streams["resize"], limits) if "resize" in streams else None,
         )
         name = f"{'attach' if attach else 'exec'} {namespace}/{pod}/{container}"
         code, message = await run(provider, request, command, io, lambda work: session.while_open(work, name))
@@ -157,8 +186,8 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
             elif code != 0:  # before v4: the error's text alone
                 await streams["error"].write((message or status(code)["message"]).encode())
             await streams["error"].close()
-    finally:  # closing the transport still sends what it holds
-        session.close()
+    finally:  # what is queued still leaves, for a bounded time
+        await session.aclose()
     return response
 
 
@@ -170,5 +199,8 @@ async def _collect(session: Session, wants: set[str]) -> dict[str, Stream] | Non
         stream = await session.next_stream(max(left, 0.0)) if left > 0 else None
         if stream is None:
             return None
-        streams[stream.kind] = stream
+        if stream.kind in wants and stream.kind not in streams:
+            streams[stream.kind] = stream
+        else:
+            stream.discard()  # not asked for, or a second one: nobody reads it
     return streams

@@ -11,6 +11,11 @@ Kubelet API (HTTPS, every request authenticated and authorized):
   /run/...                                           501: the kubelet's deprecated one-shot run
 Plain port: /healthz, /readyz, /metrics (Prometheus); with the federation provider also / (the
 dashboard), /capacity and /history.
+
+What one client may hold of the kubelet port is bounded (vkprovider.httpapi.limits): connections
+and header time by the listener's guard, each streaming session by `StreamLimits`, and the
+number of sessions by a memory budget (503 beyond it). A client that fails authentication gets
+no kept-alive connection.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from prometheus_client import Gauge
 from vkprovider import logs
 from vkprovider.httpapi import portforward, remotecommand, wsremotecommand
 from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certificate
+from vkprovider.httpapi.limits import DEFAULT_LIMITS, ConnectionGuard, StreamLimits
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod
@@ -139,8 +145,15 @@ class KubeletApi:
         authorizer: Authorizer,
         node_of: Callable[[str, str], str | None] | None = None,
         sessions: Gauge | None = None,
+        limits: StreamLimits = DEFAULT_LIMITS,
+        max_sessions: int = 1000,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self._node = node
+        self._limits = limits
+        self._max_sessions = max_sessions
+        self._open_sessions = 0
+        self._guard = guard
         self._node_of = node_of
         self._sessions = sessions
         self._provider = provider
@@ -168,6 +181,18 @@ class KubeletApi:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._guard is None:
+            return await self._authorized(request, handler)
+        self._guard.request_started(request.transport)
+        upgraded = False
+        try:
+            response = await self._authorized(request, handler)
+            upgraded = response.status == 101
+            return response
+        finally:
+            self._guard.request_ended(request.transport, upgraded=upgraded)
+
+    async def _authorized(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         user = user_from_certificate(request.transport.get_extra_info("peercert") if request.transport else None)
         if user is None:
             header = request.headers.get("Authorization", "")
@@ -177,7 +202,9 @@ class KubeletApi:
                 except ApiError as exc:  # not authenticated, whatever went wrong
                     self._log.warning("token review failed", error=repr(exc))
         if user is None:
-            return web.Response(status=401, text="Unauthorized\n")
+            refused = web.Response(status=401, text="Unauthorized\n")
+            refused.force_close()  # no kept-alive connection for a client we do not know
+            return refused
         node = self._node
         parts = request.path.split("/")
         if (
@@ -199,29 +226,36 @@ class KubeletApi:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("exec", self._remote_command(request, attach=False))
+        return await self._session("exec", lambda: self._remote_command(request, attach=False))
 
     async def _attach(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("attach", self._remote_command(request, attach=True))
+        return await self._session("attach", lambda: self._remote_command(request, attach=True))
 
     async def _remote_command(self, request: web.Request, *, attach: bool) -> web.StreamResponse:
         if request.headers.get("Upgrade", "").lower() == "websocket":
-            return await wsremotecommand.serve(request, self._provider, attach=attach)
-        return await remotecommand.serve(request, self._provider, attach=attach)
+            return await wsremotecommand.serve(request, self._provider, attach=attach, limits=self._limits)
+        return await remotecommand.serve(request, self._provider, attach=attach, limits=self._limits)
 
     async def _port_forward(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("portforward", portforward.serve(request, self._provider))
+        return await self._session("portforward", lambda: portforward.serve(request, self._provider, self._limits))
 
-    async def _session(self, kind: str, serving: Awaitable[web.StreamResponse]) -> web.StreamResponse:
-        """Counted while open (vkprovider_stream_sessions): one that never ends is a leak."""
-        if self._sessions is None:
-            return await serving
-        gauge = self._sessions.labels(kind)
-        gauge.inc()
+    async def _session(self, kind: str, serve: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Admitted while the memory budget holds another session (503 beyond it), and counted
+        while open (vkprovider_stream_sessions): one that never ends is a leak."""
+        if self._open_sessions >= self._max_sessions:
+            self._limits.hit("sessions")
+            busy = f"too many streaming sessions open ({self._max_sessions}); try again later\n"
+            return web.Response(status=503, text=busy, headers={"Retry-After": "5"})
+        gauge = self._sessions.labels(kind) if self._sessions is not None else None
+        self._open_sessions += 1
+        if gauge is not None:
+            gauge.inc()
         try:
-            return await serving
+            return await serve()
         finally:
-            gauge.dec()
+            self._open_sessions -= 1
+            if gauge is not None:
+                gauge.dec()
 
     async def _no_run(self, request: web.Request) -> web.Response:
         return web.Response(status=501, text=NO_RUN + "\n")

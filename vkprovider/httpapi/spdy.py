@@ -231,12 +231,18 @@ class Encoder:
 # -- decoder -------------------------------------------------------------------------------------
 
 
-class Decoder:
-    """Bytes to frames; one per connection (the header decompressor is shared)."""
+class FrameTooLarge(ProtocolError):
+    """A frame longer than the decoder accepts (refused from its header, before it is read)."""
 
-    def __init__(self) -> None:
+
+class Decoder:
+    """Bytes to frames; one per connection (the header decompressor is shared). `max_frame`
+    bounds a frame's payload, so what is buffered stays under it plus one read."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
         self._inflate = zlib.decompressobj(zdict=DICTIONARY)
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[Frame]:
         self._buffer += data
@@ -244,6 +250,8 @@ class Decoder:
         while len(self._buffer) >= 8:
             first, second = struct.unpack_from(">II", self._buffer)
             flags, length = second >> 24, second & 0xFFFFFF
+            if length > self.max_frame:
+                raise FrameTooLarge(f"frame of {length} bytes, over the limit of {self.max_frame}")
             if len(self._buffer) < 8 + length:
                 break
             payload = bytes(self._buffer[8 : 8 + length])

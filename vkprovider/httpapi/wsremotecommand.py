@@ -10,14 +10,16 @@ channel as an ASCII digit, the bytes in base64). Channels: 0 stdin, 1 stdout, 2 
 [255, N] closes channel N (the end of stdin). As the kubelet does, the server first sends an
 empty message on the lowest channel it writes, to tell the client the session is open.
 
-Input is back-pressured: at most `QUEUED` messages wait for the command; beyond that we stop
-reading the socket.
+Bounded as the SPDY sessions are (`StreamLimits`): a message over `max_message_bytes` closes the
+WebSocket (1009, message too big); input is back-pressured by bytes: while a channel holds more
+than `session_buffer_bytes` the command has not read, we stop reading the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import json
 from collections.abc import AsyncIterator, Coroutine
@@ -27,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from vkprovider.httpapi import remotecommand
+from vkprovider.httpapi.limits import DEFAULT_LIMITS, StreamLimits
 from vkprovider.httpapi.spdysession import StreamReset
 from vkprovider.provider import ExecStreams, TermSize
 
@@ -35,7 +38,6 @@ T = TypeVar("T")
 V5, V4, V4_BASE64 = "v5.channel.k8s.io", "v4.channel.k8s.io", "v4.base64.channel.k8s.io"
 PROTOCOLS = (V5, V4, V4_BASE64, "channel.k8s.io", "base64.channel.k8s.io")
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
-QUEUED = 16
 
 
 def encode(channel: int, data: bytes, *, text: bool) -> str | bytes:
@@ -57,28 +59,41 @@ def decode(message: str | bytes) -> tuple[int, bytes] | None:
 
 
 class _Input:
-    """What the client sends on one channel, in order; b"" at its end."""
+    """What the client sends on one channel, in order; b"" at its end. `put` waits while the
+    channel holds `limit` bytes or more that nobody read."""
 
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUED)
+    def __init__(self, limit: int) -> None:
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self.held = 0
+        self._limit = limit
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self.closed = False
 
     async def put(self, data: bytes) -> None:
+        while self.held >= self._limit and not self.closed:
+            self._room.clear()
+            await self._room.wait()
         if not self.closed and data:
-            await self.queue.put(data)
+            self._chunks.append(data)
+            self.held += len(data)
+            self._ready.set()
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            with contextlib.suppress(asyncio.QueueFull):
-                self.queue.put_nowait(b"")
+        self.closed = True
+        self._ready.set()
+        self._room.set()
 
     async def read(self) -> bytes:
-        if self.closed and self.queue.empty():
-            return b""
-        data = await self.queue.get()
-        if not data:
-            self.queue.put_nowait(b"")  # every later read sees the end too
+        while not self._chunks:
+            if self.closed:
+                return b""
+            self._ready.clear()
+            await self._ready.wait()
+        data = self._chunks.popleft()
+        self.held -= len(data)
+        self._room.set()
         return data
 
 
@@ -101,12 +116,17 @@ class _Output:
 
 async def _sizes(source: _Input) -> AsyncIterator[TermSize]:
     while data := await source.read():
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            value = json.loads(data)
-            yield TermSize(width=int(value.get("Width") or 0), height=int(value.get("Height") or 0))
+        try:
+            size = remotecommand.term_size(json.loads(data))
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
+            continue
+        if size is not None:
+            yield size
 
 
-async def serve(request: web.Request, provider: object, *, attach: bool = False) -> web.StreamResponse:
+async def serve(
+    request: web.Request, provider: object, *, attach: bool = False, limits: StreamLimits = DEFAULT_LIMITS
+) -> web.StreamResponse:
     refused = remotecommand.refusal(request, provider, attach=attach)
     if refused is not None:
         return refused
@@ -114,12 +134,12 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
     if not set(offered) & set(PROTOCOLS):
         speaks = ", ".join(PROTOCOLS)
         return web.Response(status=403, text=f"no protocol in common; this kubelet speaks {speaks}\n")
-    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=0, autoping=True)
+    ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=limits.max_message_bytes, autoping=True)
     await ws.prepare(request)
     protocol = ws.ws_protocol or ""
     text = "base64" in protocol
     stdin_on, stdout_on, stderr_on, tty = remotecommand.wanted(request.query)
-    stdin, resize = _Input(), _Input()
+    stdin, resize = _Input(limits.session_buffer_bytes), _Input(limits.resize_buffer_bytes)
     io = ExecStreams(
         stdin=stdin if stdin_on else None,
         stdout=_Output(ws, STDOUT, text) if stdout_on else None,
@@ -130,7 +150,7 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
     error = _Output(ws, ERROR, text)
     first = STDOUT if stdout_on else STDERR if stderr_on else ERROR
     await _Output(ws, first, text).write(b"")
-    reader = asyncio.create_task(_read(ws, stdin, resize), name=f"ws-exec-read {request.path}")
+    reader = asyncio.create_task(_read(ws, stdin, resize, limits), name=f"ws-exec-read {request.path}")
 
     async def guard(work: Coroutine[Any, Any, T]) -> T:
         """The provider's call, cancelled when the client's WebSocket ends first."""
@@ -159,10 +179,14 @@ async def serve(request: web.Request, provider: object, *, attach: bool = False)
     return ws
 
 
-async def _read(ws: web.WebSocketResponse, stdin: _Input, resize: _Input) -> None:
+async def _read(ws: web.WebSocketResponse, stdin: _Input, resize: _Input, limits: StreamLimits) -> None:
     """The client's messages to their channels, until it closes (then every input ends)."""
     try:
         async for message in ws:
+            if message.type == aiohttp.WSMsgType.ERROR:
+                if isinstance(message.data, aiohttp.WebSocketError) and message.data.code == 1009:
+                    limits.hit("message_size")
+                return
             if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
                 continue
             decoded = decode(message.data)
@@ -173,8 +197,8 @@ async def _read(ws: web.WebSocketResponse, stdin: _Input, resize: _Input) -> Non
                 await stdin.put(data)
             elif channel == RESIZE:
                 await resize.put(data)
-            elif channel == CLOSE and data:
-                {STDIN: stdin, RESIZE: resize}.get(data[0], _Input()).close()
+            elif channel == CLOSE and data and data[0] in (STDIN, RESIZE):
+                (stdin if data[0] == STDIN else resize).close()
     finally:
         stdin.close()
         resize.close()
