@@ -6,14 +6,15 @@ tests/e2e/test_member_streams.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests import spdyclient
 from tests.localhttp import serving
+from tests.spdyclient import Client
 from vkprovider.httpapi import portforward, spdy
 from vkprovider.provider import ByteStream, ProviderError
 
@@ -32,36 +33,6 @@ class Echo:
             await stream.write(data.upper())
 
 
-class Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.encoder, self.decoder = spdy.Encoder(), spdy.Decoder()
-        self.frames: list[spdy.Frame] = []
-
-    def send(self, *frames: spdy.Frame) -> None:
-        for frame in frames:
-            self.writer.write(self.encoder.encode(frame))
-
-    def open(self, stream_id: int, kind: str, port: int, request: str | None, fin: bool = False) -> None:
-        headers = {"streamtype": [kind], "port": [str(port)]}
-        if request is not None:
-            headers["requestid"] = [request]
-        self.send(spdy.SynStream(stream_id, headers, flags=spdy.FLAG_FIN if fin else 0))
-
-    async def until_closed(self, stream_id: int) -> bytes:
-        """The data of `stream_id` up to its FIN."""
-        async with asyncio.timeout(10):
-            while True:
-                for frame in self.frames:
-                    if isinstance(frame, spdy.DataFrame) and frame.stream_id == stream_id and frame.fin:
-                        return b"".join(
-                            f.data for f in self.frames if isinstance(f, spdy.DataFrame) and f.stream_id == stream_id
-                        )
-                chunk = await self.reader.read(65536)
-                assert chunk, "the server closed the connection"
-                self.frames += self.decoder.feed(chunk)
-
-
 @pytest_asyncio.fixture
 async def served() -> AsyncIterator[tuple[Echo, int]]:
     provider = Echo()
@@ -76,15 +47,7 @@ async def served() -> AsyncIterator[tuple[Echo, int]]:
 
 
 async def connect(port: int, protocol: str = "portforward.k8s.io") -> tuple[Client, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        (
-            "POST /portForward/ns/pod HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
-            f"X-Stream-Protocol-Version: {protocol}\r\nContent-Length: 0\r\n\r\n"
-        ).encode()
-    )
-    head = await reader.readuntil(b"\r\n\r\n")
-    return Client(reader, writer), head
+    return await spdyclient.connect(port, "/portForward/ns/pod", protocol)
 
 
 @pytest.mark.asyncio
