@@ -287,6 +287,7 @@ class Runtime:
             sessions=self.metrics.stream_sessions,
             limits=limits,
             max_sessions=max_sessions(http.memory_budget_bytes, limits),
+            max_sessions_per_user=http.max_sessions_per_user,
             guard=guard,
         )
         runner = web.AppRunner(api.app(), access_log=None, keepalive_timeout=http.keepalive_idle)

@@ -119,6 +119,9 @@ class HttpSettings(_Section):
         1 << 20, description="Bytes a session may hold received and not yet passed on.", ge=64 * 1024
     )
     outbox_bytes: int = Field(256 * 1024, description="Bytes a session may hold for a client that does not read.")
+    max_sessions_per_user: int = Field(
+        0, description="Streaming sessions one identity may hold; 0: half of what the memory budget holds.", ge=0
+    )
     memory_budget_bytes: int = Field(
         1 << 30,
         description="Memory the streaming sessions may hold together; it sets how many may be open at once.",

@@ -22,6 +22,7 @@ from aiohttp import web
 from tests import spdyclient
 from tests.localhttp import serving
 from vkprovider.httpapi import portforward, remotecommand, spdy, spdysession, wsremotecommand
+from vkprovider.httpapi.auth import User
 from vkprovider.httpapi.limits import ConnectionGuard, GuardedSite, StreamLimits, max_sessions
 from vkprovider.httpapi.server import KubeletApi
 from vkprovider.minishell import Shell
@@ -447,7 +448,7 @@ async def test_sessions_beyond_the_memory_budget_are_refused_with_503() -> None:
 
     class Anyone:
         async def token(self, token: str) -> Any:
-            return {"username": "u", "groups": []}
+            return User("u")
 
         async def check(self, user: Any, *, method: str, path: str, node: str) -> tuple[bool, str]:
             return True, ""
@@ -460,6 +461,7 @@ async def test_sessions_beyond_the_memory_budget_are_refused_with_503() -> None:
         authorizer=cast(Any, Anyone()),
         limits=limits,
         max_sessions=budget,
+        max_sessions_per_user=budget,
     )
     async with serving(api.app()) as port, aiohttp.ClientSession(headers={"Authorization": "Bearer t"}) as http:
         url = f"http://127.0.0.1:{port}/exec/ns/pod/c"

@@ -47,6 +47,7 @@ from vkprovider.provider import (
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+USER = web.RequestKey("user", str)  # the authenticated client's name, for its share of sessions
 NO_RUN = "vkprovider does not serve /run (the kubelet's deprecated one-shot command); kubectl exec uses /exec"
 
 
@@ -147,12 +148,17 @@ class KubeletApi:
         sessions: Gauge | None = None,
         limits: StreamLimits = DEFAULT_LIMITS,
         max_sessions: int = 1000,
+        max_sessions_per_user: int = 0,
         guard: ConnectionGuard | None = None,
     ) -> None:
         self._node = node
         self._limits = limits
         self._max_sessions = max_sessions
         self._open_sessions = 0
+        #: One identity's share (0: half of all): a tenant that opens sessions without end does
+        #: not take the kube-apiserver's, which carries every other user's.
+        self._max_per_user = max_sessions_per_user or max(1, max_sessions // 2)
+        self._per_user: dict[str, int] = {}
         self._guard = guard
         self._node_of = node_of
         self._sessions = sessions
@@ -216,6 +222,7 @@ class KubeletApi:
         allowed, reason = await self._authz.check(user, method=request.method, path=request.path, node=node)
         if not allowed:
             return web.Response(status=403, text=f"Forbidden ({reason})\n")
+        request[USER] = user.name
         return await handler(request)
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -226,10 +233,10 @@ class KubeletApi:
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("exec", lambda: self._remote_command(request, attach=False))
+        return await self._session(request, "exec", lambda: self._remote_command(request, attach=False))
 
     async def _attach(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("attach", lambda: self._remote_command(request, attach=True))
+        return await self._session(request, "attach", lambda: self._remote_command(request, attach=True))
 
     async def _remote_command(self, request: web.Request, *, attach: bool) -> web.StreamResponse:
         if request.headers.get("Upgrade", "").lower() == "websocket":
@@ -237,23 +244,38 @@ class KubeletApi:
         return await remotecommand.serve(request, self._provider, attach=attach, limits=self._limits)
 
     async def _port_forward(self, request: web.Request) -> web.StreamResponse:
-        return await self._session("portforward", lambda: portforward.serve(request, self._provider, self._limits))
+        return await self._session(
+            request, "portforward", lambda: portforward.serve(request, self._provider, self._limits)
+        )
 
-    async def _session(self, kind: str, serve: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        """Admitted while the memory budget holds another session (503 beyond it), and counted
-        while open (vkprovider_stream_sessions): one that never ends is a leak."""
-        if self._open_sessions >= self._max_sessions:
-            self._limits.hit("sessions")
-            busy = f"too many streaming sessions open ({self._max_sessions}); try again later\n"
-            return web.Response(status=503, text=busy, headers={"Retry-After": "5"})
+    async def _session(
+        self, request: web.Request, kind: str, serve: Callable[[], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Admitted while the memory budget holds another session, and the client's identity
+        its share (503 beyond either), and counted while open (vkprovider_stream_sessions): one
+        that never ends is a leak."""
+        user = request.get(USER, "")
+        for limit, count, most in (
+            ("sessions", self._open_sessions, self._max_sessions),
+            ("sessions_per_user", self._per_user.get(user, 0), self._max_per_user),
+        ):
+            if count >= most:
+                self._limits.hit(limit)
+                whose = "" if limit == "sessions" else f" for {user}"
+                busy = f"too many streaming sessions open{whose} ({most}); try again later\n"
+                return web.Response(status=503, text=busy, headers={"Retry-After": "5"})
         gauge = self._sessions.labels(kind) if self._sessions is not None else None
         self._open_sessions += 1
+        self._per_user[user] = self._per_user.get(user, 0) + 1
         if gauge is not None:
             gauge.inc()
         try:
             return await serve()
         finally:
             self._open_sessions -= 1
+            left = self._per_user.pop(user) - 1
+            if left:
+                self._per_user[user] = left
             if gauge is not None:
                 gauge.dec()
 
