@@ -15,13 +15,12 @@ from typing import Any
 from e2e import audit
 from e2e.fixtures import Lab
 from tests.e2e.helpers import MEMBERS, eventually, install_member_cluster_crd, pods
-from tests.e2e.test_federation_capacity import federation_vk
+from tests.e2e.test_federation_capacity import SCENE_LABEL, federation_vk
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient, NotFound
 
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 MEMBER = "member-1"
-SCENE_LABEL = "vkprovider.io/test-scene"
 
 
 def front_pod(
@@ -122,7 +121,8 @@ async def start_scene(
         },
     )
     proc = federation_vk(lab, workdir, [], **{"kube.kubeconfig": str(front_config)})
-    # Its own MemberCluster only: scenes of tests that run side by side stay apart.
+    # Its own MemberCluster only: scenes of tests that run side by side stay apart (and every
+    # other provider of federation_vk leaves scene objects alone: SCENE_LABEL).
     proc.overrides["provider.federation"]["member_selector"] = f"{SCENE_LABEL}={tag}"
     proc.start()
     await proc.wait_ready()

@@ -36,6 +36,9 @@ NODE_STATUS_MIN_INTERVAL = 0.5  # vkprovider.settings: node.status_min_interval
 #: trips. Bounds are there to catch a missing mechanism, not to measure speed (bench/ does).
 SLACK = 10.0
 CRD = Path(__file__).parents[2] / "federation" / "crds" / "memberclusters.yaml"
+#: On a reclaim scene's MemberCluster (tests.e2e.reclaim_scene): that object is its own
+#: provider's alone, as the README's "several instances" wants of every MemberCluster.
+SCENE_LABEL = "vkprovider.io/test-scene"
 
 
 def _cpu_m(q: str) -> int:
@@ -114,6 +117,11 @@ def federation_vk(
             "members": [{"name": m, "kubeconfig": kubeconfig(m)} for m in members],
             "unreachable_grace": UNREACHABLE_GRACE,
             "publish_interval": PUBLISH_INTERVAL,
+            # Every provider here is another instance in one front end: none may follow a scene's
+            # MemberCluster (shares_lab tests run beside a scene). One that did would put the one
+            # shared finalizer on it and, having no pod there, let it go the moment the object is
+            # deleted, while the scene's provider is still draining it (issue 43).
+            "member_selector": f"!{SCENE_LABEL}",
         },
     }
     settings.update(overrides)
