@@ -20,12 +20,11 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
-from e2e import audit, binaries, pki
+from e2e import audit, binaries
 from e2e.fixtures import Lab
 from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_namespace, pod, pods
+from tests.e2e.kubeletport import client_cert, grant_nodes_proxy, with_cert
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import AlreadyExists, KubeClient, NotFound
 
@@ -267,73 +266,35 @@ async def test_logs_through_the_apiserver_and_refused_callers(lab: Lab, offline:
         async with aiohttp.ClientSession() as session:
             async with session.get(url, ssl=insecure) as resp:
                 assert resp.status == 401
-            nobody = _client_cert(lab, "nobody", tmp := proc.workdir)
-            async with session.get(url, ssl=_with_cert(nobody)) as resp:
+            nobody = client_cert(lab, "nobody", tmp := proc.workdir)
+            async with session.get(url, ssl=with_cert(nobody)) as resp:
                 assert resp.status == 403
                 assert "nodes/proxy" in await resp.text()
             # The positive path for a plain user: RBAC on nodes/proxy lets the same request through.
-            await _grant_nodes_proxy(offline, "log-reader")
-            reader = _client_cert(lab, "log-reader", tmp)
-            async with session.get(url + "?tailLines=1", ssl=_with_cert(reader)) as resp:
+            await grant_nodes_proxy(offline, "log-reader")
+            reader = client_cert(lab, "log-reader", tmp)
+            async with session.get(url + "?tailLines=1", ssl=with_cert(reader)) as resp:
                 assert resp.status == 200
                 assert "talker/main line" in await resp.text()
             async with session.get(
-                f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main?command=true", ssl=_with_cert(reader)
+                f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main?command=true", ssl=with_cert(reader)
             ) as r:
                 assert r.status == 400 and "SPDY" in await r.text()  # exec needs an upgrade
             # A client that reaches the kubelet port with a WebSocket (v5) runs a command too.
             query = [("command", "echo"), ("command", "direct"), ("output", "1")]
             async with session.ws_connect(
                 f"https://127.0.0.1:{proc.port}/exec/{ns}/talker/main",
-                params=query, protocols=("v5.channel.k8s.io",), ssl=_with_cert(reader),
+                params=query, protocols=("v5.channel.k8s.io",), ssl=with_cert(reader),
             ) as ws:  # fmt: skip
                 said = [message.data async for message in ws]
             assert b"".join(m[1:] for m in said if m[:1] == b"\x01") == b"direct\n", said
             async with session.get(
-                f"https://127.0.0.1:{proc.port}/portForward/{ns}/talker", ssl=_with_cert(reader)
+                f"https://127.0.0.1:{proc.port}/portForward/{ns}/talker", ssl=with_cert(reader)
             ) as r:
                 assert r.status == 501  # the in-memory provider forwards no ports
                 assert "does not forward ports" in await r.text()
     finally:
         await delete_namespace(offline, ns)
-
-
-def _client_cert(lab: Lab, user: str, directory: Path) -> tuple[Path, Path]:
-    pki_dir = lab.state_dir / "clusters" / "offline" / "pki"
-    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
-    pair = pki.issue(pki.KeyPair(ca_key, ca_cert), user, client=True)  # type: ignore[arg-type]
-    return pair.write(directory, f"client-{user}")
-
-
-def _with_cert(pair: tuple[Path, Path]) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    ctx.load_cert_chain(str(pair[0]), str(pair[1]))
-    return ctx
-
-
-async def _grant_nodes_proxy(client: KubeClient, user: str) -> None:
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": f"test-{user}"},
-        "rules": [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get", "create"]}],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": f"test-{user}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"test-{user}"},
-        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
-    }
-    for path, body in (
-        ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
-        ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
-    ):
-        with contextlib.suppress(AlreadyExists):  # made by an earlier run against this lab
-            await client.create(path, body)
 
 
 @pytest.mark.shares_lab

@@ -309,7 +309,7 @@ async def test_what_nobody_reads_stops_the_reading_not_the_memory() -> None:
 
 async def test_answers_wait_for_a_peer_that_does_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spdysession, "FLUSH_SECONDS", 0.2)  # it reads nothing: no use waiting
-    limits = StreamLimits(outbox_bytes=64 * 1024)
+    limits = StreamLimits(outbox_bytes=64 * 1024, control_frame_burst=1 << 30)  # the outbox alone
     async with spdy_server(limits, never_read) as (port, sessions):
         client, _ = await spdyclient.connect(port, "/s", "x")
         flood = b"".join(client.encoder.encode(spdy.Ping(i)) for i in range(1, 2 << 20, 2))  # 12 MiB of PINGs
@@ -319,11 +319,34 @@ async def test_answers_wait_for_a_peer_that_does_not_read(monkeypatch: pytest.Mo
         def in_transport() -> int:
             return session._transport.get_write_buffer_size()
 
-        await eventually(lambda: bool(session._paused) or in_transport() > 1 << 20, "paused or over")
+        await eventually(lambda: "outbox" in session._paused or in_transport() > 1 << 20, "paused or over")
         # Every answer is queued, but only so many: the outbox and one read's answers, and what
         # the transport holds (its high-water mark, 64 KiB, and one write).
-        assert session._paused == {"outbox"}
+        assert "outbox" in session._paused
         assert session.held <= limits.outbox_bytes + 256 * 1024 and in_transport() <= 256 * 1024
+        await session.aclose()
+        client.writer.transport.abort()
+
+
+async def test_frames_without_data_beyond_their_rate_pause_the_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spdysession, "FLUSH_SECONDS", 0.2)
+    hits = Hits()
+    limits = StreamLimits(control_frames_per_second=100, control_frame_burst=500, hit=hits)
+    async with spdy_server(limits, never_read) as (port, sessions):
+        client, _ = await spdyclient.connect(port, "/s", "x")
+        client.writer.write(b"".join(client.encoder.encode(spdy.Ping(i)) for i in range(1, 200_000, 2)))
+        session = await first(sessions)
+        await eventually(lambda: hits["control_frames"] > 0, "the budget spent")
+        assert session._paused == {"turn"}
+        # Answered: the burst, and what one turn handles past it; the rest waits for the refill.
+        answered = 0
+        while answered < 500:
+            assert await client.read_more()
+            answered = sum(isinstance(f, spdy.Ping) for f in client.frames)
+        await asyncio.sleep(0.2)  # the refill's own pace: 100 a second
+        await client.read_more()
+        answered = sum(isinstance(f, spdy.Ping) for f in client.frames)
+        assert answered <= 500 + spdysession.FRAMES_PER_TURN + 100, answered
         await session.aclose()
         client.writer.transport.abort()
 

@@ -3,13 +3,15 @@
 One provider serves every tenant of a front end, so no client may take more than its share:
 - `StreamLimits`: the bounds of a streaming session (exec, attach, port-forward): streams and
   port-forward pairs per SPDY session, frame and WebSocket message sizes, the terminal-resize
-  buffer, the bytes a session may hold, its idle timeout. Each limit hit is counted by name
+  buffer, the bytes a session may hold, the rate of frames that carry no data, its idle
+  timeout. Each limit hit is counted by name
   (`vkprovider_kubelet_limits_hit_total{limit}`).
 - `ConnectionGuard`: connections in total and, per client address, those that have not yet sent
-  a whole request (a slow or idle client holds a connection without any right to it; an
-  authenticated one, like the kube-apiserver carrying every user's streams from one address,
-  is bounded by the total only); the time a client has to send its request headers, and to
-  send the next one on a kept-alive connection.
+  a whole request (a slow or idle client holds a connection without any right to it; one that
+  presented a client certificate our CA signed, like the kube-apiserver carrying every user's
+  streams from one address, is bounded by the total only: refusing a burst of its connections
+  would refuse its users); the time any client has to send its request headers, and to send
+  the next one on a kept-alive connection.
 - `GuardedSite`: an aiohttp site whose listener wraps each connection's protocol with the guard
   and bounds the TLS handshake by the header timeout.
 """
@@ -43,6 +45,11 @@ class StreamLimits:
     session_buffer_bytes: int = 1 * MiB  # received, not yet consumed, per session
     outbox_bytes: int = 256 * 1024  # answers and data waiting for a client that does not read
     idle_seconds: float = 4 * 3600.0  # no byte either way (the kubelet's streaming idle timeout)
+    #: Frames that carry no data (PING, SYN_STREAM, RST_STREAM, SETTINGS, empty DATA, ...): each
+    #: costs a decode and often an answer, so a flood of them is a CPU attack; beyond the rate
+    #: (after the burst) reading pauses until the budget refills.
+    control_frames_per_second: float = 200.0
+    control_frame_burst: int = 2000
     hit: Callable[[str], None] = field(default=_uncounted, compare=False)
 
 
@@ -102,14 +109,16 @@ class ConnectionGuard:
 
     # -- used by _Guarded ------------------------------------------------------------------------
 
-    def _admit(self, guarded: _Guarded) -> str | None:
-        """None if admitted, else the limit that refuses it."""
+    def _admit(self, guarded: _Guarded, *, known: bool) -> str | None:
+        """None if admitted, else the limit that refuses it; a `known` client (a verified
+        certificate) is not counted per address."""
         if len(self._open) >= self.max_connections:
             return "connections"
-        if self._pending.get(guarded.address, 0) >= self.max_pending_per_address:
+        if not known and self._pending.get(guarded.address, 0) >= self.max_pending_per_address:
             return "pending_per_address"
         self._open.add(guarded)
-        self._pending[guarded.address] = self._pending.get(guarded.address, 0) + 1
+        if not known:
+            self._pending[guarded.address] = self._pending.get(guarded.address, 0) + 1
         self._by_transport[id(guarded.transport)] = guarded
         return None
 
@@ -145,12 +154,14 @@ class _Guarded(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # a stream server's, TLS or not
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
-        refused = self._guard._admit(self)
+        # Only a certificate our client CA verified shows here (unverified ones fail the handshake).
+        known = bool(transport.get_extra_info("peercert"))
+        refused = self._guard._admit(self, known=known)
         if refused is not None:
             self._guard._count(refused)
             self.transport.abort()
             return
-        self._pending = True
+        self._pending = not known
         self._arm(self._guard.header_seconds, "header_timeout")
         self._inner = self._factory()
         self._inner.connection_made(transport)

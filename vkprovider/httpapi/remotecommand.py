@@ -98,7 +98,8 @@ def term_size(value: Any) -> TermSize | None:
         return None
 
     def dimension(found: Any) -> int:
-        return found if isinstance(found, int) and 0 <= found < 65536 else 0
+        is_int = isinstance(found, int) and not isinstance(found, bool)  # JSON true is no size
+        return found if is_int and 0 <= found < 65536 else 0
 
     return TermSize(width=dimension(value.get("Width")), height=dimension(value.get("Height")))
 

@@ -241,27 +241,49 @@ class Decoder:
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
+        self._at = 0  # where the next frame starts in `_buffer`
         self._inflate = zlib.decompressobj(zdict=DICTIONARY)
         self.max_frame = max_frame
 
-    def feed(self, data: bytes) -> list[Frame]:
+    @property
+    def pending(self) -> int:
+        """Bytes received and not yet made into frames."""
+        return len(self._buffer) - self._at
+
+    def push(self, data: bytes) -> None:
+        """Take bytes; `next` makes frames of them."""
+        if self._at:
+            del self._buffer[: self._at]  # once per read, not once per frame
+            self._at = 0
         self._buffer += data
-        frames: list[Frame] = []
-        while len(self._buffer) >= 8:
-            first, second = struct.unpack_from(">II", self._buffer)
+
+    def next(self) -> Frame | None:
+        """The next whole frame, or None until more bytes come. Raises ProtocolError (and
+        FrameTooLarge from a frame's header, before its payload is awaited)."""
+        while len(self._buffer) - self._at >= 8:
+            first, second = struct.unpack_from(">II", self._buffer, self._at)
             flags, length = second >> 24, second & 0xFFFFFF
             if length > self.max_frame:
                 raise FrameTooLarge(f"frame of {length} bytes, over the limit of {self.max_frame}")
-            if len(self._buffer) < 8 + length:
-                break
-            payload = bytes(self._buffer[8 : 8 + length])
-            del self._buffer[: 8 + length]
-            if first & 0x80000000:
-                frame = self._control((first >> 16) & 0x7FFF, first & 0xFFFF, flags, payload)
-                if frame is not None:
-                    frames.append(frame)
-            else:
-                frames.append(DataFrame(first & 0x7FFFFFFF, payload, flags))
+            start = self._at + 8
+            if len(self._buffer) < start + length:
+                return None
+            payload = bytes(self._buffer[start : start + length])
+            self._at = start + length
+            if not first & 0x80000000:
+                return DataFrame(first & 0x7FFFFFFF, payload, flags)
+            frame = self._control((first >> 16) & 0x7FFF, first & 0xFFFF, flags, payload)
+            if frame is not None:
+                return frame  # else an unknown control frame: ignored, as the draft asks
+        return None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Every whole frame `data` completes."""
+        self.push(data)
+        frames: list[Frame] = []
+        while (frame := self.next()) is not None:
+            frames.append(frame)
+        self.push(b"")
         return frames
 
     def _headers(self, raw: bytes) -> Headers:

@@ -9,10 +9,15 @@ What a peer can make us hold is bounded (`StreamLimits`):
   `session_buffer_bytes`, so a slow consumer slows the peer down through TCP;
 - what we send: every frame, data or answer (SYN_REPLY, RST_STREAM, PING), is encoded in order
   into one outbox that a single writer task hands to the transport under aiohttp's flow
-  control; producers of data wait while the outbox is over `outbox_bytes`, and reading pauses
-  while answers alone keep it there (a PING flood from a peer that never reads stops at TCP);
+  control; producers of data wait while the outbox is over `outbox_bytes`, reading pauses
+  while it stays there, and PING or RST_STREAM answers beyond it are dropped (a PING flood from
+  a peer that never reads stops at TCP, and costs at most the outbox);
 - streams: at most `max_streams` open ones, refused beyond (RST_STREAM REFUSED_STREAM); a stream
   leaves the session as soon as both sides closed it or it was reset;
+- CPU: at most `FRAMES_PER_TURN` frames are handled before the event loop gets a turn (the rest
+  wait in the decoder, reading paused), and frames that carry no data (PING, SYN_STREAM,
+  RST_STREAM, empty DATA, ...) beyond `control_frames_per_second` (after a burst) pause the
+  reading until the budget refills: a flood costs its sender time, not us;
 - a frame over `max_frame_bytes` ends the session; so does `idle_seconds` without a byte.
 
 The Go peer sends no WINDOW_UPDATE and honours none; PINGs are echoed, a RST_STREAM ends its
@@ -36,6 +41,7 @@ T = TypeVar("T")
 
 CHUNK = 32 * 1024
 FLUSH_SECONDS = 5.0  # what a closing session waits for its last frames to leave
+FRAMES_PER_TURN = 256  # frames handled before the event loop gets a turn
 
 
 class StreamReset(Exception):
@@ -150,7 +156,7 @@ class Session:
         self._streams: dict[int, Stream] = {}
         self.accepted: asyncio.Queue[Stream | None] = asyncio.Queue()
         self._held = 0  # bytes received and not yet read, all streams together
-        self._paused: set[str] = set()  # why reading is paused: "buffer", "outbox"
+        self._paused: set[str] = set()  # why reading is paused: "buffer", "outbox", "turn"
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_bytes = 0
         self._room = asyncio.Event()  # set while the outbox is under its limit
@@ -162,6 +168,9 @@ class Session:
         loop = asyncio.get_running_loop()
         self._last_active = loop.time()
         self._idle: asyncio.TimerHandle | None = loop.call_later(limits.idle_seconds, self._idle_check)
+        self._tokens = float(limits.control_frame_burst)  # control frames that may come now
+        self._refilled = loop.time()
+        self._later: asyncio.Handle | None = None  # the next turn of `_process`, when due
         self._writer = asyncio.create_task(self._write_out(), name=f"{name} (writer)")
 
     @classmethod
@@ -190,18 +199,49 @@ class Session:
         if self.closed:
             return
         self._last_active = asyncio.get_running_loop().time()
+        self._decoder.push(data)
+        if self._later is None:
+            self._process()
+
+    def _process(self) -> None:
+        """Handle the frames received, a turn's worth at a time and within the control-frame
+        budget; reading stays paused while frames wait."""
+        self._later = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        limits = self.limits
+        self._tokens = min(
+            float(limits.control_frame_burst), self._tokens + (now - self._refilled) * limits.control_frames_per_second
+        )
+        self._refilled = now
         try:
-            frames = self._decoder.feed(data)
+            for _ in range(FRAMES_PER_TURN):
+                frame = self._decoder.next()
+                if frame is None:
+                    break
+                if not isinstance(frame, spdy.DataFrame) or not (frame.data or frame.fin):
+                    self._tokens -= 1
+                self._handle(frame)
+                if self.closed:
+                    return
+                if self._tokens < 0:
+                    limits.hit("control_frames")
+                    self._pause("turn")
+                    self._later = loop.call_later(-self._tokens / limits.control_frames_per_second, self._process)
+                    return
+            else:
+                self._pause("turn")  # more may be whole: after the loop's other work
+                self._later = loop.call_soon(self._process)
+                return
         except spdy.FrameTooLarge as exc:
-            self.limits.hit("frame_size")
+            limits.hit("frame_size")
             self._lost(f"SPDY protocol error: {exc}")
             return
         except spdy.ProtocolError as exc:
             self._lost(f"SPDY protocol error: {exc}")
             return
-        for frame in frames:
-            self._handle(frame)
-        if self._held > self.limits.session_buffer_bytes:
+        self._resume("turn")
+        if self._held > limits.session_buffer_bytes:
             self._pause("buffer")
 
     def _pause(self, why: str) -> None:
@@ -274,8 +314,13 @@ class Session:
 
     def _answer(self, frame: spdy.Frame) -> None:
         """A reply the protocol owes the peer: queued behind what is already going out; reading
-        stops while answers alone keep the outbox over its limit."""
+        stops while answers keep the outbox over its limit. A PING or RST_STREAM answer that
+        would go over it is dropped (what is left of one read of a flood): a peer that does
+        not read gets no more of them; a SYN_REPLY always goes (streams are bounded)."""
         if self.closed:
+            return
+        if self._outbox_bytes > self.limits.outbox_bytes and not isinstance(frame, spdy.SynReply):
+            self.limits.hit("answers")
             return
         self._enqueue(frame)
         if self._outbox_bytes > self.limits.outbox_bytes:
@@ -341,6 +386,9 @@ class Session:
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
             stream._end()

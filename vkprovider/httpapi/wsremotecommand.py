@@ -60,18 +60,23 @@ def decode(message: str | bytes) -> tuple[int, bytes] | None:
 
 class _Input:
     """What the client sends on one channel, in order; b"" at its end. `put` waits while the
-    channel holds `limit` bytes or more that nobody read."""
+    channel holds `limit` bytes or more that nobody read, or, with `keep_latest` (terminal
+    sizes: only the last one matters), drops the oldest instead, so it never holds the socket's
+    reading up."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, keep_latest: bool = False) -> None:
         self._chunks: collections.deque[bytes] = collections.deque()
         self.held = 0
         self._limit = limit
+        self._keep_latest = keep_latest
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
         self.closed = False
 
     async def put(self, data: bytes) -> None:
+        while self._keep_latest and self.held >= self._limit and self._chunks:
+            self.held -= len(self._chunks.popleft())
         while self.held >= self._limit and not self.closed:
             self._room.clear()
             await self._room.wait()
@@ -139,7 +144,7 @@ async def serve(
     protocol = ws.ws_protocol or ""
     text = "base64" in protocol
     stdin_on, stdout_on, stderr_on, tty = remotecommand.wanted(request.query)
-    stdin, resize = _Input(limits.session_buffer_bytes), _Input(limits.resize_buffer_bytes)
+    stdin, resize = _Input(limits.session_buffer_bytes), _Input(limits.resize_buffer_bytes, keep_latest=True)
     io = ExecStreams(
         stdin=stdin if stdin_on else None,
         stdout=_Output(ws, STDOUT, text) if stdout_on else None,
@@ -150,7 +155,10 @@ async def serve(
     error = _Output(ws, ERROR, text)
     first = STDOUT if stdout_on else STDERR if stderr_on else ERROR
     await _Output(ws, first, text).write(b"")
-    reader = asyncio.create_task(_read(ws, stdin, resize, limits), name=f"ws-exec-read {request.path}")
+    inputs = {STDIN: stdin} if io.stdin is not None else {}
+    if io.resizes is not None:
+        inputs[RESIZE] = resize
+    reader = asyncio.create_task(_read(ws, inputs, limits), name=f"ws-exec-read {request.path}")
 
     async def guard(work: Coroutine[Any, Any, T]) -> T:
         """The provider's call, cancelled when the client's WebSocket ends first."""
@@ -179,8 +187,9 @@ async def serve(
     return ws
 
 
-async def _read(ws: web.WebSocketResponse, stdin: _Input, resize: _Input, limits: StreamLimits) -> None:
-    """The client's messages to their channels, until it closes (then every input ends)."""
+async def _read(ws: web.WebSocketResponse, inputs: dict[int, _Input], limits: StreamLimits) -> None:
+    """The client's messages to the channels something reads (the others' are dropped: held,
+    they would stop the reading of the socket), until it closes; then every input ends."""
     try:
         async for message in ws:
             if message.type == aiohttp.WSMsgType.ERROR:
@@ -193,12 +202,10 @@ async def _read(ws: web.WebSocketResponse, stdin: _Input, resize: _Input, limits
             if decoded is None:
                 continue
             channel, data = decoded
-            if channel == STDIN:
-                await stdin.put(data)
-            elif channel == RESIZE:
-                await resize.put(data)
-            elif channel == CLOSE and data and data[0] in (STDIN, RESIZE):
-                (stdin if data[0] == STDIN else resize).close()
+            if channel in inputs:
+                await inputs[channel].put(data)
+            elif channel == CLOSE and data and data[0] in inputs:
+                inputs[data[0]].close()
     finally:
-        stdin.close()
-        resize.close()
+        for source in inputs.values():
+            source.close()
