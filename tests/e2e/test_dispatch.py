@@ -56,7 +56,9 @@ async def start_synced(proc: VkProcess) -> None:
 
 async def _members_synced(proc: VkProcess) -> bool:
     view = await proc.view()
-    return len(view.get("members", {})) == 3 and all("lendable" in m for m in view["members"].values())
+    configured = {m["name"] for m in proc.overrides["provider.federation"]["members"]}
+    members = view.get("members", {})
+    return configured <= set(members) and all("lendable" in members[m] for m in configured)
 
 
 def gang_pod(name: str, node: str, group: str, gpus: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import pytest_asyncio
 from e2e import audit, online
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
+from federation.tenancy.policy import TENANT
 from tests.e2e.helpers import capacity_agents, eventually, install_member_cluster_crd
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient, NotFound
@@ -121,7 +122,8 @@ def federation_vk(
             # MemberCluster (shares_lab tests run beside a scene). One that did would put the one
             # shared finalizer on it and, having no pod there, let it go the moment the object is
             # deleted, while the scene's provider is still draining it (issue 43).
-            "member_selector": f"!{SCENE_LABEL}",
+            # Nor a tenant's (test_tenant_boundary, test_onboard make them while others run).
+            "member_selector": f"!{SCENE_LABEL},!{TENANT}",
         },
     }
     settings.update(overrides)
