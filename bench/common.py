@@ -82,7 +82,13 @@ class Provider:
         self.health_port = free_port()
         self.config = {
             **config,
-            "http": {"port": free_port(), "health_port": self.health_port, "bind": "127.0.0.1", "csr": False},
+            "http": {
+                "port": free_port(),
+                "health_port": self.health_port,
+                "bind": "127.0.0.1",
+                "csr": False,
+                **config.get("http", {}),
+            },
         }
         self.workdir = workdir
         self._ready = ready

@@ -56,7 +56,7 @@ async def _wait(probe: Any, what: str, timeout: float = 60.0) -> Any:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-async def _round_trips(argv: list[str], rounds: int) -> list[float]:
+async def round_trips(argv: list[str], rounds: int) -> list[float]:
     child = await asyncio.create_subprocess_exec(
         *argv, "-i", "--", "cat", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
@@ -125,7 +125,7 @@ async def _input(argv: list[str], size: int) -> float:
     return size / MIB / elapsed
 
 
-def _summary(samples: list[float]) -> dict[str, float]:
+def summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "p50": round(statistics.median(ordered), 2),
@@ -188,8 +188,8 @@ async def run(state: Path, workdir: Path, *, rounds: int, mib: int) -> dict[str,
                 cores = meter.stop()
                 busy = time.monotonic() - started
                 results[name] = {
-                    "round_trip_ms": _summary(await _round_trips(argv, rounds)),
-                    "session_ms": _summary(await _sessions(argv, 10)),
+                    "round_trip_ms": summary(await round_trips(argv, rounds)),
+                    "session_ms": summary(await _sessions(argv, 10)),
                     "output_mb_s": round(out_rate, 1),
                     "input_mb_s": round(in_rate, 1),
                     "cores_during_throughput": cores,

@@ -8,6 +8,9 @@ limits (issue 35). Each speaks to the port directly over TLS, as an authorized t
 - `never_read`: `cat` over SPDY, fed without end, its output never read;
 - `big_message`: a WebSocket exec that announces a 64 MiB message.
 
+And what an authorized tenant holds: a client certificate from the offline cluster's CA and
+the RBAC grant (create and get on nodes/proxy).
+
 The exec sessions open the streams an exec needs (error, stdin, stdout of `cat`) before they
 misbehave, so the command runs and the session stays. Each returns how its session ended:
 "refused" (an HTTP status other than 101, with the status), "closed" (the server ended it) or
@@ -25,8 +28,14 @@ import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from e2e import pki
 from vkprovider.httpapi import spdy
+from vkprovider.kube import AlreadyExists, KubeClient
 
 MIB = 1024 * 1024
 
@@ -238,3 +247,45 @@ async def stop(tasks: list[asyncio.Task[str]]) -> list[str]:
     for task in tasks:
         task.cancel()
     return [r if isinstance(r, str) else f"error {r!r}" for r in await asyncio.gather(*tasks, return_exceptions=True)]
+
+
+# -- credentials: a tenant that may exec through the kubelet port -------------------------------
+
+
+def client_cert(state_dir: Path, user: str, directory: Path) -> tuple[Path, Path]:
+    """A client certificate for `user`, signed by the offline cluster's CA: (certificate, key) files."""
+    pki_dir = state_dir / "clusters" / "offline" / "pki"
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    pair = pki.issue(pki.KeyPair(ca_key, ca_cert), user, client=True)  # type: ignore[arg-type]
+    return pair.write(directory, f"client-{user}")
+
+
+def with_cert(pair: tuple[Path, Path]) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(str(pair[0]), str(pair[1]))
+    return ctx
+
+
+async def grant_nodes_proxy(client: KubeClient, user: str) -> None:
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": f"test-{user}"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get", "create"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"test-{user}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"test-{user}"},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+    }
+    for path, body in (
+        ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
+        ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
+    ):
+        with contextlib.suppress(AlreadyExists):  # made by an earlier run against this lab
+            await client.create(path, body)
