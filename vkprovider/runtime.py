@@ -263,6 +263,8 @@ class Runtime:
             session_buffer_bytes=http.session_buffer_bytes,
             outbox_bytes=http.outbox_bytes,
             idle_seconds=http.stream_idle,
+            control_frames_per_second=http.control_frames_per_second,
+            control_frame_burst=http.control_frame_burst,
             hit=lambda limit: hit.labels(limit).inc(),
         )
         guard = ConnectionGuard(

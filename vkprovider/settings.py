@@ -119,6 +119,12 @@ class HttpSettings(_Section):
         1 << 20, description="Bytes a session may hold received and not yet passed on.", ge=64 * 1024
     )
     outbox_bytes: int = Field(256 * 1024, description="Bytes a session may hold for a client that does not read.")
+    control_frames_per_second: float = Field(
+        100.0,
+        description="SPDY frames without data (PING, SYN_STREAM, RST_STREAM, ...) a session may send a second.",
+        gt=0,
+    )
+    control_frame_burst: int = Field(1000, description="Frames without data a session may send at once.", ge=1)
     max_sessions_per_user: int = Field(
         0, description="Streaming sessions one identity may hold; 0: half of what the memory budget holds.", ge=0
     )

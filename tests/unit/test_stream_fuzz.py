@@ -74,6 +74,9 @@ LIMITS = StreamLimits(
     session_buffer_bytes=16 * KiB,
     outbox_bytes=8 * KiB,
     idle_seconds=60.0,
+    # No rate on frames without data: a fuzzed flood would wait for the budget instead of
+    # exercising the session (the rate is tested in test_kubelet_limits.py).
+    control_frame_burst=1 << 30,
 )
 # An exec opens up to five streams; a confused client a few more (refused beyond 8).
 EXEC_LIMITS = dataclasses.replace(LIMITS, max_streams=8)

@@ -48,8 +48,8 @@ class StreamLimits:
     #: Frames that carry no data (PING, SYN_STREAM, RST_STREAM, SETTINGS, empty DATA, ...): each
     #: costs a decode and often an answer, so a flood of them is a CPU attack; beyond the rate
     #: (after the burst) reading pauses until the budget refills.
-    control_frames_per_second: float = 200.0
-    control_frame_burst: int = 2000
+    control_frames_per_second: float = 100.0
+    control_frame_burst: int = 1000
     hit: Callable[[str], None] = field(default=_uncounted, compare=False)
 
 

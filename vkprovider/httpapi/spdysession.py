@@ -42,6 +42,7 @@ T = TypeVar("T")
 CHUNK = 32 * 1024
 FLUSH_SECONDS = 5.0  # what a closing session waits for its last frames to leave
 FRAMES_PER_TURN = 256  # frames handled before the event loop gets a turn
+RATE_WAKE_SECONDS = 0.05  # the least a session paused for its control-frame rate waits
 
 
 class StreamReset(Exception):
@@ -227,7 +228,9 @@ class Session:
                 if self._tokens < 0:
                     limits.hit("control_frames")
                     self._pause("turn")
-                    self._later = loop.call_later(-self._tokens / limits.control_frames_per_second, self._process)
+                    # Woken when a few frames' worth refilled, not for every one (each wake costs).
+                    wait = max(-self._tokens / limits.control_frames_per_second, RATE_WAKE_SECONDS)
+                    self._later = loop.call_later(wait, self._process)
                     return
             else:
                 self._pause("turn")  # more may be whole: after the loop's other work
