@@ -58,6 +58,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.steady
 	$(BIN)/python -m bench.reaction
 	$(BIN)/python -m bench.planner_scale
+	$(BIN)/python -m bench.kubelet_stress
 	$(BIN)/python -m bench.reclaim_latency
 	$(BIN)/python -m bench.streams
 	$(BIN)/python -m bench.history_memory

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 
 from e2e import audit, online
 from e2e import lab as lab_mod
@@ -305,6 +306,30 @@ async def test_member_cluster_objects_added_and_removed_at_run_time(
         obj = await eventually(reported, timeout=30, what="MemberCluster status")
         assert obj["status"]["capacity"]["gpusByModel"] == {"Tesla-V100-SXM2-32GB": 160}
         assert obj["status"]["lastContact"]
+
+        # A Secret whose kubeconfig would run a program inside the provider is refused (issue 35).
+        doc = yaml.safe_load(lab.kubeconfig("member-3").read_text())
+        for entry in doc["users"]:
+            entry["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/evil"}}
+        plugin = {
+            "metadata": {"name": f"member-3-{proc.node}", "namespace": "default"},
+            "data": {"kubeconfig": base64.b64encode(yaml.safe_dump(doc).encode()).decode()},
+        }
+        await offline.create("/api/v1/namespaces/default/secrets", plugin)
+        evil = {**member, "metadata": {"name": "member-3"}}
+        evil["spec"] = {"kubeconfigSecretRef": {"namespace": "default", "name": plugin["metadata"]["name"]}}
+        await offline.create(path, evil)
+
+        async def refused() -> dict[str, Any] | None:
+            obj = await offline.get(f"{path}/member-3")
+            found = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+            ready = found.get("Ready", {})
+            return ready if ready.get("status") == "False" and ready.get("reason") == "InvalidSpec" else None
+
+        ready = await eventually(refused, timeout=30, what="member-3 refused with InvalidSpec")
+        assert "'/bin/evil' is not on the provider's allow list" in ready["message"], ready
+        assert await gpus(160), "a refused member lends nothing"
+        await offline.delete(f"{path}/member-3")
 
         await offline.patch(f"{path}/member-2", {"spec": {"enabled": False}})
         await eventually(lambda: gpus(0), timeout=30, what="member-2 disabled")
