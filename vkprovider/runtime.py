@@ -253,7 +253,11 @@ class Runtime:
         if client_ca is None:
             self._log.warning("no client CA: only bearer tokens can authenticate to the kubelet API")
         http = settings.http
-        hit = self.metrics.kubelet_limits_hit
+        hits = self.metrics.kubelet_limits_hit
+
+        def hit(limit: str) -> None:
+            hits.labels(limit).inc()
+
         limits = StreamLimits(
             max_streams=http.max_streams,
             max_port_forward_pairs=http.max_port_forward_pairs,
@@ -265,14 +269,14 @@ class Runtime:
             idle_seconds=http.stream_idle,
             control_frames_per_second=http.control_frames_per_second,
             control_frame_burst=http.control_frame_burst,
-            hit=lambda limit: hit.labels(limit).inc(),
+            hit=hit,
         )
         guard = ConnectionGuard(
             max_connections=http.max_connections,
             max_pending_per_address=http.max_pending_per_address,
             header_seconds=http.header_timeout,
             idle_seconds=http.keepalive_idle,
-            hit=lambda limit: hit.labels(limit).inc(),
+            hit=hit,
         )
         api = KubeletApi(
             node=node_name,

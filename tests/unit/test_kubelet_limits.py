@@ -103,14 +103,13 @@ async def get(port: int, local: str = "127.0.0.1") -> bytes:
 
 async def test_clients_that_never_finish_their_headers_are_cut_at_the_deadline() -> None:
     hits = Hits()
-    guard = ConnectionGuard(header_seconds=0.5, max_pending_per_address=100, hit=hits)
+    guard = ConnectionGuard(header_seconds=2.0, max_pending_per_address=100, hit=hits)
     async with guarded(guard) as port:
         slow = [await stalled(port, "127.0.0.2") for _ in range(50)]
         await eventually(lambda: guard.open == 50, "all 50 admitted")
-        started = asyncio.get_running_loop().time()
-        answer = await get(port)  # another client is served meanwhile
+        answer = await get(port)  # another client is served meanwhile, not after the cut
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
-        assert asyncio.get_running_loop().time() - started < 0.5
+        assert hits["header_timeout"] == 0, "the answer waited for the stalled clients to be cut"
         assert all(await asyncio.gather(*(closed_by_server(r) for r, _ in slow)))
         assert hits["header_timeout"] == 50
         await eventually(lambda: guard.open == 0 and guard.pending("127.0.0.2") == 0, "all gone")
