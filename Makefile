@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB ?= .lab
 
-.PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto
+.PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto image
 
 all: venv
 
@@ -31,6 +31,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
 		|| echo "could not install chromium; the dashboard's browser test will fail saying so"
+
+# An OCI image of the provider (e2e/image), without a container daemon or a registry base image:
+# Debian bookworm from the Debian archive (mmdebstrap, installed with apt-get when missing), the
+# provider's wheel and its dependencies. Needs root. About a minute when cold, seconds when cached
+# (~/.cache/vkprovider/image); the archive's path is the last line printed.
+image: $(STAMP)
+	$(BIN)/python -m e2e.image
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
