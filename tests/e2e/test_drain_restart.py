@@ -152,14 +152,15 @@ async def _trial(
         assert target and target[0]["status"] == "True", (what, name, status)
     watch.check()
     deadlines: dict[str, float] = {}
-    for s in watch.history:
+    for s in watch.history:  # the watch sees every managed pod in member-1: the other test's t0-0 too
         stamp = s.annotations.get(RECLAIM_AT)
-        if s.name in names and stamp:
+        if s.namespace == scene.ns and s.name in names and stamp:
             deadlines.setdefault(s.name, _seconds(stamp))
             assert _seconds(stamp) == deadlines[s.name], f"{what}: {s.name}'s notice changed across the restart"
     deletes: dict[str, list[float]] = {}
     for r in audit.records(scene.lab.state, MEMBER, users={scene.user}):
-        if r.verb == "delete" and r.resource == "pods" and r.name in names and began <= r.received <= ended_at:
+        ours = r.namespace == scene.ns and r.name in names
+        if r.verb == "delete" and r.resource == "pods" and ours and began <= r.received <= ended_at:
             deletes.setdefault(r.name, []).append(r.received)
     assert set(deletes) == names, f"{what}: member-1 was asked to delete {sorted(deletes)}"
     for name, times in deletes.items():
