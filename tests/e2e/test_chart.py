@@ -9,6 +9,7 @@ pre-delete hook's command (`vkprovider drain`) where the hook's Job would.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -133,9 +134,137 @@ def test_the_deployment_is_hardened_and_probed() -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert "podAntiAffinity" in spec["affinity"]
+
+
+@pytest.mark.shares_lab
+def test_the_plain_port_is_loopback_unless_exposed() -> None:
+    """The plain port is unauthenticated: by default it listens on the pod's loopback, is in no
+    Service, and the probes ask it from inside the container; exposed, it listens on the pod's
+    address, the Service carries it and the kubelet probes it over HTTP."""
+    docs = render()
+    assert settings_of(docs)["http"]["health_bind"] == "127.0.0.1"
+    assert settings_of(docs)["http"]["bind"] == "0.0.0.0"  # the kubelet API (authenticated)
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "metrics" not in [p["name"] for p in container["ports"]]
+    assert "metrics" not in [p["name"] for p in one(docs, "Service")["spec"]["ports"]]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        command = container[probe]["exec"]["command"]
+        assert command[0] == "python" and "'127.0.0.1', 10255" in command[-1] and f"'{path}'" in command[-1]
+        # The probe's code runs here against a server that answers 200, 503, or nothing.
+        assert probe_exit(command, 200) == 0 and probe_exit(command, 503) != 0 and probe_exit(command, None) != 0
+    refused = helm("template", "rel", str(CHART), "--set", "serviceMonitor.enabled=true", check=False)
+    assert refused.returncode != 0 and "ports.exposeMetrics" in refused.stderr, refused.stderr
+
+    exposed = render("ports.exposeMetrics=true", "serviceMonitor.enabled=true")
+    assert settings_of(exposed)["http"]["health_bind"] == "0.0.0.0"
+    container = one(exposed, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 10255} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert "metrics" in [p["name"] for p in one(exposed, "Service")["spec"]["ports"]]
+    assert one(exposed, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def probe_exit(command: list[str], status: int | None) -> int:
+    """The exit status of an exec probe's Python code (its port replaced by a local server's that
+    answers `status`, or by a closed port when None)."""
+    import http.server
+    import socket
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status or 200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    if status is None:
+        server.server_close()
+        with socket.socket() as sock:  # a port nobody listens on
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    else:
+        threading.Thread(target=server.handle_request, daemon=True).start()
+    try:
+        code = command[-1].replace("10255", str(port))
+        return subprocess.run(
+            [sys.executable, *command[1:-1], code], capture_output=True, check=False, timeout=30
+        ).returncode
+    finally:
+        server.server_close()
+
+
+@pytest.mark.shares_lab
+def test_every_read_only_container_has_a_writable_tmp() -> None:
+    """Python, TLS and client libraries write temporary files: every container whose root
+    filesystem is read-only (the Deployment's, every hook Job's) mounts an emptyDir at /tmp."""
+    checked = []
+    for doc in render("replicas=2", "routing.enabled=true"):
+        if doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            template = doc["spec"]["template"]
+        elif doc["kind"] == "CronJob":
+            template = doc["spec"]["jobTemplate"]["spec"]["template"]
+        elif doc["kind"] == "Pod":
+            template = doc
+        else:
+            continue
+        spec = template["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            if not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                continue
+            mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+            where = f"{doc['kind']} {doc['metadata']['name']} container {container['name']}"
+            assert len(mounts) == 1, f"{where}: no /tmp mount"
+            assert "emptyDir" in volumes[mounts[0]["name"]], f"{where}: /tmp is not an emptyDir"
+            assert not mounts[0].get("readOnly"), where
+            checked.append(where)
+    assert len(checked) == 2, checked  # the provider and the drain hook
+
+
+#: Kinds of the chart's objects that are not in a namespace.
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MemberCluster", "MutatingWebhookConfiguration"}
+
+
+def cluster_wide_names(namespace: str) -> set[tuple[str, str]]:
+    """(kind, name) of what release `vk` in `namespace` names outside its namespace: its
+    cluster-scoped objects, those in shared namespaces (kube-node-lease), and the routing
+    webhook's configuration the provider registers."""
+    args = ["template", "vk", str(CHART), "--namespace", namespace, "--set", "routing.enabled=true"]
+    docs = [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+    names = set()
+    for doc in docs:
+        meta = doc["metadata"]
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in meta, doc["kind"]
+            names.add((doc["kind"], meta["name"]))
+        elif meta.get("namespace") != namespace:
+            names.add((doc["kind"], f"{meta.get('namespace')}/{meta['name']}"))
+    routing = settings_of(docs)["provider"]["federation"]["routing"]["configuration_name"]
+    names.add(("MutatingWebhookConfiguration", routing))
+    # The bindings name the roles rendered beside them, and the webhook's rule its configuration.
+    roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles, binding["metadata"]["name"]
+    cluster_role = one(docs, "ClusterRole")
+    webhook_rules = [
+        r for r in cluster_role["rules"] if r.get("resourceNames") and "mutatingwebhookconfigurations" in r["resources"]
+    ]
+    assert [r["resourceNames"] for r in webhook_rules] == [[routing]]
+    return names
+
+
+@pytest.mark.shares_lab
+def test_releases_of_one_name_in_two_namespaces_share_no_cluster_wide_name() -> None:
+    a, b = cluster_wide_names("a"), cluster_wide_names("b")
+    assert {kind for kind, _ in a} >= {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}, a
+    assert not a & b, a & b
+    assert ("ClusterRole", "vk-a") in a
 
 
 @pytest.mark.shares_lab
@@ -152,7 +281,10 @@ def test_members_from_values_or_an_existing_secret(tmp_path: Path) -> None:
 @pytest.mark.shares_lab
 def test_service_monitor_on_and_off() -> None:
     assert not [d for d in render() if d["kind"] == "ServiceMonitor"]
-    monitor = one(render("serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom"), "ServiceMonitor")
+    monitor = one(
+        render("ports.exposeMetrics=true", "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom"),
+        "ServiceMonitor",
+    )
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
@@ -217,6 +349,55 @@ def test_a_misspelt_value_fails_with_its_name() -> None:
 
 
 @pytest.mark.shares_lab
+def test_a_misspelt_member_spec_key_fails_with_its_name(tmp_path: Path) -> None:
+    for spec, key in (
+        ({"capacity": {"reservePrecent": 10}}, "reservePrecent"),
+        ({"reclaim": {"noticeSeconds": 2}, "gangAPI": "volcano"}, "gangAPI"),
+        ({"weight": 2}, "weight"),  # the member's own field, not the spec's
+    ):
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump({"members": [{**MEMBER, "spec": spec}]}))
+        result = helm("template", "rel", str(CHART), "-f", str(path), check=False)
+        assert result.returncode != 0 and key in result.stderr, result.stderr
+    good = {
+        "capacity": {"reservePercent": 10, "cap": {"cpu": "500", "nvidia.com/gpu": 8}},
+        "reclaim": {"noticeSeconds": 2},
+    }
+    docs = render(values={"members": [{**MEMBER, "spec": good}]}, tmp=tmp_path)
+    assert one(docs, "MemberCluster", "m1")["spec"]["capacity"] == good["capacity"]
+
+
+def strict(node: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's structural schema as a JSON schema that refuses unknown keys (the apiserver
+    prunes them silently)."""
+    node = {k: v for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if "properties" in node:
+        node["properties"] = {k: strict(v) for k, v in node["properties"].items()}
+        node.setdefault("additionalProperties", False)
+    if isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = strict(node["additionalProperties"])
+    if "items" in node:
+        node["items"] = strict(node["items"])
+    if "anyOf" in node:
+        node["anyOf"] = [strict(n) for n in node["anyOf"]]
+    return node
+
+
+@pytest.mark.shares_lab
+def test_the_member_spec_schema_is_the_crds() -> None:
+    crd = yaml.safe_load((CHART / "crds" / "memberclusters.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec = {**spec, "properties": dict(spec["properties"])}
+    for own in ("kubeconfigSecretRef", "enabled", "weight"):  # rendered from the member's fields
+        del spec["properties"][own]
+    del spec["required"]
+    values = json.loads((CHART / "values.schema.json").read_text())
+    ours = dict(values["properties"]["members"]["items"]["properties"]["spec"])
+    del ours["description"]
+    assert ours == strict(spec)
+
+
+@pytest.mark.shares_lab
 def test_the_charts_crd_is_the_providers() -> None:
     assert yaml.safe_load((CHART / "crds" / "memberclusters.yaml").read_text()) == yaml.safe_load(CRD.read_text())
 
@@ -225,7 +406,12 @@ def test_the_charts_crd_is_the_providers() -> None:
 def test_the_drain_hook_runs_before_deletion() -> None:
     job = one(render(), "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"][:1] == ["drain"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:1] == ["drain"]
+    # Within `helm uninstall`'s default 5-minute wait for hooks, with time for the pod to start.
+    assert args[args.index("--timeout") + 1] == "240" and job["spec"]["activeDeadlineSeconds"] == 240
+    # Longer drains are told how to keep uninstall waiting for them.
+    assert "helm uninstall --timeout" in (CHART / "values.yaml").read_text()
 
 
 # -- installed into the lab --------------------------------------------------------------------

@@ -3,6 +3,12 @@
 {{- .Release.Name | trunc 53 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Names of cluster-scoped objects (and of those in shared namespaces such as kube-node-lease):
+the release name and its namespace, so releases of the same name in two namespaces share none. */}}
+{{- define "vkprovider.clusterName" -}}
+{{- printf "%s-%s" (include "vkprovider.name" .) .Release.Namespace -}}
+{{- end -}}
+
 {{- define "vkprovider.labels" -}}
 app.kubernetes.io/name: vkprovider
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -26,4 +32,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- define "vkprovider.memberSecretKey" -}}
 {{- if .member.existingSecret -}}{{ .member.existingSecret.key | default "kubeconfig" }}{{- else -}}kubeconfig{{- end -}}
+{{- end -}}
+
+{{/* An exec probe of a path on the plain port's loopback address: (list $ "/healthz"). No answer
+in 4 s, or a status of 400 or more, and python exits non-zero. http.client: no proxy, no TLS. */}}
+{{- define "vkprovider.probe" -}}
+{{- $root := index . 0 -}}
+{{- $code := printf "import http.client as h; c = h.HTTPConnection('127.0.0.1', %v, timeout=4); c.request('GET', '%s'); raise SystemExit(c.getresponse().status >= 400)" $root.Values.ports.metrics (index . 1) -}}
+[python, -I, -S, -c, {{ $code | quote }}]
 {{- end -}}
