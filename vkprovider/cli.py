@@ -6,6 +6,8 @@
   vkprovider onboard --tenant T --front-end-kubeconfig F --member-kubeconfig M [--member-name N]
                      [--quota cpu=...,memory=...] [--pod-security LEVEL] [--dry-run]
   vkprovider offboard --tenant T --front-end-kubeconfig F --member-kubeconfig M [--member-name N] [--force]
+  vkprovider crds apply [-f FILE_OR_DIR ...] [--kubeconfig F] [--timeout S]
+  vkprovider check --node N [--node N ...] [--namespace NS] [--timeout S] [--image I] [--kubeconfig F]
 
 Bad settings end with one line on stderr and exit status 2; a runtime failure with status 1.
 """
@@ -74,8 +76,12 @@ def _tune_gc() -> None:
 #: name like the providers themselves: the runtime does not import the packages above it.
 PROVIDER_COMMANDS = {"federation": {"drain": "federation.reclaim.drain:main"}}
 #: Modules adding commands that need no settings (each has add_arguments(subparsers) and
-#: main(args), and owns the commands it adds): `onboard` and `offboard`.
-TOOL_MODULES = {"federation.tenancy.onboard": ("onboard", "offboard")}
+#: main(args), and owns the commands it adds): `onboard`, `offboard`, `crds` and `check`.
+TOOL_MODULES = {
+    "federation.tenancy.onboard": ("onboard", "offboard"),
+    "federation.members.crds": ("crds",),
+    "vkprovider.check": ("check",),
+}
 
 
 def _drain(args: argparse.Namespace) -> int:

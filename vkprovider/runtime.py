@@ -23,7 +23,7 @@ from vkprovider.events import EventRecorder
 from vkprovider.httpapi.auth import Authenticator, Authorizer
 from vkprovider.httpapi.certs import serving_certificate
 from vkprovider.httpapi.limits import ConnectionGuard, GuardedSite, StreamLimits, max_sessions
-from vkprovider.httpapi.server import KubeletApi, health_app, tls_context
+from vkprovider.httpapi.server import KubeletApi, health_app, kubelet_auth, tls_context
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, WriteFence, load_kubeconfig
 from vkprovider.kube.access import in_cluster
 from vkprovider.lease import LeaseController
@@ -45,6 +45,8 @@ from vkprovider.supervisor import Supervisor
 
 #: Providers other than the in-memory one: settings.provider.type -> "module:factory(settings)".
 PROVIDERS = {"federation": "federation.provider:from_settings"}
+#: What the kubelet's HTTP probes ask without credentials, when the plain port asks for them.
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 def build_provider(settings: Settings) -> PodLifecycle:
@@ -132,7 +134,8 @@ class Runtime:
         # from this one): losing leadership closes it before anything else can write.
         client = KubeClient(
             access,
-            user_agent=f"vkprovider/{node_name}",
+            # The replica too: an audit log tells two writers apart (one at a time, by the Lease).
+            user_agent=f"vkprovider/{node_name} ({settings.leader_election.identity})",
             request_timeout=settings.kube.request_timeout,
             fence=WriteFence(),
         )
@@ -140,10 +143,20 @@ class Runtime:
         supervisor = Supervisor("runtime")
         runners: list[web.AppRunner] = []
         clean = False
+        # One cache of who may do what for both listeners.
+        authn = Authenticator(client, ttl=settings.http.authn_cache_seconds)
+        authz = Authorizer(
+            client,
+            node=node_name,
+            allow_ttl=settings.http.authz_allow_cache_seconds,
+            deny_ttl=settings.http.authz_deny_cache_seconds,
+        )
         try:
             if settings.http.health_port:
+                gate = kubelet_auth(authn, authz, node=node_name, open_paths=HEALTH_PATHS)
                 runner = web.AppRunner(
                     health_app(
+                        middlewares=(gate,) if settings.http.health_auth else (),
                         metrics=self.metrics,
                         alive=lambda: supervisor.first_error is None,
                         ready=lambda: self._ready,
@@ -207,7 +220,7 @@ class Runtime:
             if isinstance(self.provider, MultiNode):
                 supervisor.start("node-set", self._follow_node_set(node_set_changed))
 
-            runners.append(await self._serve_kubelet_api(client))
+            runners.append(await self._serve_kubelet_api(client, authn, authz))
             self._ready = True
             self._log.info("ready", port=settings.http.port, address=settings.node.internal_ip())
             await self._until(asyncio.Event().wait(), supervisor)
@@ -242,7 +255,7 @@ class Runtime:
             self.pods.set_nodes(names)
             await self._nodes.sync(names)
 
-    async def _serve_kubelet_api(self, client: KubeClient) -> web.AppRunner:
+    async def _serve_kubelet_api(self, client: KubeClient, authn: Authenticator, authz: Authorizer) -> web.AppRunner:
         settings = self.settings
         node_name = settings.node.name
         cert_dir = Path(tempfile.mkdtemp(prefix=f"vkprovider-{node_name}-"))
@@ -283,13 +296,8 @@ class Runtime:
             node_of=self.pods.node_of if self.pods else None,
             provider=self.provider,
             pods=lambda: list(self.pods.cache.values()) if self.pods else [],
-            authenticator=Authenticator(client, ttl=settings.http.authn_cache_seconds),
-            authorizer=Authorizer(
-                client,
-                node=node_name,
-                allow_ttl=settings.http.authz_allow_cache_seconds,
-                deny_ttl=settings.http.authz_deny_cache_seconds,
-            ),
+            authenticator=authn,
+            authorizer=authz,
             sessions=self.metrics.stream_sessions,
             limits=limits,
             max_sessions=max_sessions(http.memory_budget_bytes, limits),

@@ -99,6 +99,11 @@ class HttpSettings(_Section):
     authz_deny_cache_seconds: float = Field(30.0, description="Seconds a denying SubjectAccessReview is cached.")
     health_port: int = Field(10255, description="Plain HTTP port for /healthz, /readyz and /metrics; 0 disables.")
     health_bind: str = Field("0.0.0.0", description="Address of the plain HTTP port.")
+    health_auth: bool = Field(
+        False,
+        description="Authenticate and authorize the plain port's requests as the kubelet port's (all "
+        "but /healthz and /readyz, and those from the loopback): for a plain port bound beyond the pod.",
+    )
     # What one client may hold of the kubelet port (vkprovider.httpapi.limits); each limit hit
     # is counted in vkprovider_kubelet_limits_hit_total{limit}.
     header_timeout: float = Field(10.0, description="Seconds a client has to finish its TLS handshake and headers.")

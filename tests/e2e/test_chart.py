@@ -9,6 +9,7 @@ pre-delete hook's command (`vkprovider drain`) where the hook's Job would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -33,7 +34,7 @@ from tests.e2e.helpers import (
 )
 from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
 from tests.e2e.vk import VkProcess
-from vkprovider.kube import KubeClient, NotFound, load_kubeconfig
+from vkprovider.kube import ApiError, KubeClient, NotFound, load_kubeconfig
 
 pytestmark = [pytest.mark.e2e]
 
@@ -102,7 +103,13 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 
 def settings_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return dict(yaml.safe_load(one(docs, "ConfigMap")["data"]["settings.yaml"]))
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "settings.yaml" in d.get("data", {})]
+    return dict(yaml.safe_load(config["data"]["settings.yaml"]))
+
+
+def pod_spec(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = one(docs, kind, name)["spec"]["template"]["spec"]
+    return spec
 
 
 MEMBER = {"name": "m1", "kubeconfig": "apiVersion: v1\nkind: Config\n"}
@@ -117,14 +124,106 @@ def test_helm_lint_is_clean(tmp_path: Path) -> None:
 
 
 @pytest.mark.shares_lab
-def test_leader_election_is_on_only_with_more_than_one_replica(tmp_path: Path) -> None:
+def test_one_replica_is_recreated_more_roll_and_the_lease_is_always_held(tmp_path: Path) -> None:
+    """A single replica never overlaps itself in a rollout (Recreate), and the leader Lease is
+    held even then: a pod the kubelet believes gone while it still runs does not write beside
+    its successor."""
     single = render()
-    assert settings_of(single)["leader_election"]["enabled"] is False
+    assert settings_of(single)["leader_election"]["enabled"] is True
     assert one(single, "Deployment")["spec"]["replicas"] == 1
+    assert one(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     three = render("replicas=3", "podDisruptionBudget.enabled=true")
     assert settings_of(three)["leader_election"]["enabled"] is True
+    assert one(three, "Deployment")["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert one(three, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     assert not [d for d in render("podDisruptionBudget.enabled=true") if d["kind"] == "PodDisruptionBudget"]
+
+
+@pytest.mark.shares_lab
+def test_extra_env_volumes_and_account_annotations_reach_the_provider_and_the_drain(tmp_path: Path) -> None:
+    """What an exec plugin in a member kubeconfig needs (a program, its credentials, a cloud's
+    workload identity) reaches both containers that read the members."""
+    values: dict[str, Any] = {
+        "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+        "extraVolumes": [{"name": "aws", "secret": {"secretName": "aws"}}],
+        "extraVolumeMounts": [{"name": "aws", "mountPath": "/opt/aws", "readOnly": True}],
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/vk"}},
+        "federation": {"secretExecCommands": ["/opt/aws/bin/aws"], "secretFilePaths": ["/opt/aws"]},
+    }
+    docs = render(values=values, tmp=tmp_path)
+    for kind, name in (("Deployment", "rel"), ("Job", "rel-drain")):
+        spec = pod_spec(docs, kind, name)
+        container = spec["containers"][0]
+        assert values["extraEnv"][0] in container["env"], name
+        assert values["extraVolumeMounts"][0] in container["volumeMounts"], name
+        assert values["extraVolumes"][0] in spec["volumes"], name
+        assert spec["serviceAccountName"] == "rel"
+    assert one(docs, "ServiceAccount", "rel")["metadata"]["annotations"] == values["serviceAccount"]["annotations"]
+    federation = settings_of(docs)["provider"]["federation"]
+    assert federation["secret_exec_commands"] == ["/opt/aws/bin/aws"]
+    assert federation["secret_file_paths"] == ["/opt/aws"]
+    refused = helm("template", "rel", str(CHART), "--set", "federation.secretFilePaths={relative}", check=False)
+    assert refused.returncode != 0 and "secretFilePaths" in refused.stderr, refused.stderr
+
+
+#: The settings the chart itself writes into http.*: every other one is a kubeletLimits value.
+CHART_HTTP = {"port", "bind", "cert_file", "key_file", "client_ca_file", "csr", "csr_timeout",
+              "authn_cache_seconds", "authz_allow_cache_seconds", "authz_deny_cache_seconds",
+              "health_port", "health_bind", "health_auth"}  # fmt: skip
+
+
+@pytest.mark.shares_lab
+def test_kubelet_limits_are_the_providers_settings(tmp_path: Path) -> None:
+    """kubeletLimits names exactly the provider's limits of the kubelet port (camelCase), and what
+    it renders loads as the provider's settings."""
+    from vkprovider.settings import HttpSettings, Settings
+
+    def camel(name: str) -> str:
+        first, *rest = name.split("_")
+        return first + "".join(word.title() for word in rest)
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["kubeletLimits"]["properties"]
+    assert set(schema) == {camel(f) for f in HttpSettings.model_fields if f not in CHART_HTTP}
+    docs = render(values={"kubeletLimits": {"maxStreams": 64, "headerTimeout": 5.5}}, tmp=tmp_path)
+    settings = settings_of(docs)
+    assert settings["http"]["max_streams"] == 64 and settings["http"]["header_timeout"] == 5.5
+    # Within the container's 1Gi: the provider's own ~100-200 MiB and the sessions' budget.
+    assert settings["http"]["memory_budget_bytes"] == 512 << 20
+    loaded = Settings.model_validate(settings)
+    assert loaded.http.max_streams == 64 and loaded.http.memory_budget_bytes == 512 << 20
+    refused = helm("template", "rel", str(CHART), "--set", "kubeletLimits.maxStream=64", check=False)
+    assert refused.returncode != 0 and "maxStream" in refused.stderr, refused.stderr
+
+
+@pytest.mark.shares_lab
+def test_the_crds_are_applied_before_each_upgrade_by_an_account_that_may_touch_only_them() -> None:
+    docs = render()
+    job = one(docs, "Job", "rel-crds")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:4] == ["crds", "apply", "--file", "/etc/vkprovider/crds"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    crds = one(docs, "ConfigMap", "rel-crds")
+    assert crds["data"] == {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
+    role = one(docs, "ClusterRole", "rel-vk-system-crds")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": ["memberclusters.vkprovider.io"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    # Everything the Job needs is created before it (a lower weight), as hooks: the release's own
+    # objects are not yet upgraded when pre-upgrade hooks run.
+    for kind, name in (("ServiceAccount", "rel-crds"), ("ClusterRole", "rel-vk-system-crds"),
+                       ("ClusterRoleBinding", "rel-vk-system-crds"), ("ConfigMap", "rel-crds")):  # fmt: skip
+        annotations = one(docs, kind, name)["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-upgrade" and int(annotations["helm.sh/hook-weight"]) < 0
+    assert not [d for d in render("crds.applyOnUpgrade=false") if d["metadata"]["name"].endswith("-crds")]
 
 
 @pytest.mark.shares_lab
@@ -144,6 +243,7 @@ def test_the_plain_port_is_loopback_unless_exposed() -> None:
     address, the Service carries it and the kubelet probes it over HTTP."""
     docs = render()
     assert settings_of(docs)["http"]["health_bind"] == "127.0.0.1"
+    assert settings_of(docs)["http"]["health_auth"] is False  # the pod's own loopback only
     assert settings_of(docs)["http"]["bind"] == "0.0.0.0"  # the kubelet API (authenticated)
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "metrics" not in [p["name"] for p in container["ports"]]
@@ -158,12 +258,17 @@ def test_the_plain_port_is_loopback_unless_exposed() -> None:
 
     exposed = render("ports.exposeMetrics=true", "serviceMonitor.enabled=true")
     assert settings_of(exposed)["http"]["health_bind"] == "0.0.0.0"
+    # Then behind the kubelet port's authentication (tests/unit/test_plain_port_auth.py), and
+    # Prometheus scrapes with its account's token.
+    assert settings_of(exposed)["http"]["health_auth"] is True
     container = one(exposed, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": 10255} in container["ports"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert "metrics" in [p["name"] for p in one(exposed, "Service")["spec"]["ports"]]
-    assert one(exposed, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    endpoint = one(exposed, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["port"] == "metrics"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def probe_exit(command: list[str], status: int | None) -> int:
@@ -224,18 +329,27 @@ def test_every_read_only_container_has_a_writable_tmp() -> None:
             assert "emptyDir" in volumes[mounts[0]["name"]], f"{where}: /tmp is not an emptyDir"
             assert not mounts[0].get("readOnly"), where
             checked.append(where)
-    assert len(checked) == 2, checked  # the provider and the drain hook
+    # The provider, the drain hook, the CRDs' hook (and any other, such as the helm test's pod).
+    assert {"Deployment rel", "Job rel-drain", "Job rel-crds"} <= {w.split(" container")[0] for w in checked}
 
 
 #: Kinds of the chart's objects that are not in a namespace.
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MemberCluster", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MemberCluster",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def cluster_wide_names(namespace: str) -> set[tuple[str, str]]:
     """(kind, name) of what release `vk` in `namespace` names outside its namespace: its
     cluster-scoped objects, those in shared namespaces (kube-node-lease), and the routing
     webhook's configuration the provider registers."""
-    args = ["template", "vk", str(CHART), "--namespace", namespace, "--set", "routing.enabled=true"]
+    args = ["template", "vk", str(CHART), "--namespace", namespace, "--set", "routing.enabled=true",
+            "--set", "rbac.secretNamespaces={jobs}"]  # fmt: skip
     docs = [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
     names = set()
     for doc in docs:
@@ -251,7 +365,7 @@ def cluster_wide_names(namespace: str) -> set[tuple[str, str]]:
     roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("ClusterRole", "Role")}
     for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles, binding["metadata"]["name"]
-    cluster_role = one(docs, "ClusterRole")
+    cluster_role = one(docs, "ClusterRole", f"vk-{namespace}")
     webhook_rules = [
         r for r in cluster_role["rules"] if r.get("resourceNames") and "mutatingwebhookconfigurations" in r["resources"]
     ]
@@ -404,7 +518,7 @@ def test_the_charts_crd_is_the_providers() -> None:
 
 @pytest.mark.shares_lab
 def test_the_drain_hook_runs_before_deletion() -> None:
-    job = one(render(), "Job")
+    job = one(render(), "Job", "rel-drain")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:1] == ["drain"]
@@ -552,3 +666,91 @@ async def test_installed_chart_is_enough_for_the_provider_and_uninstall_drains_e
         )
         if ns:
             await cleanup(lab, offline, ns)
+
+
+def _approval(csr: dict[str, Any]) -> dict[str, Any]:
+    csr.setdefault("status", {})["conditions"] = [
+        {"type": "Approved", "status": "True", "reason": "Test", "message": "approved by the test"}
+    ]
+    return csr
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_account_approves_only_its_own_csrs_and_changes_only_its_own_nodes(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """RBAC cannot name a per-member node (`<nodeName>-<member>`, members come later) or the CSR
+    a provider will submit; the chart's ValidatingAdmissionPolicy holds the provider's account
+    to its own: a kubelet-serving CSR it did not submit cannot be approved, a node outside its
+    names cannot be changed or deleted. Secrets are read only where rbac.secretNamespaces says,
+    and written only in the release's namespace."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from vkprovider.httpapi.certs import CSR_PATH, csr_object, csr_pem
+
+    release = f"vk{uuid.uuid4().hex[:5]}"
+    namespace = await make_namespace(offline, f"{release}-system")
+    jobs = await make_namespace(offline, f"{release}-jobs")
+    node = f"vk-vap-{uuid.uuid4().hex[:5]}"
+    installed = helm(
+        "install", release, str(CHART), "-n", namespace, "--skip-crds", "--kubeconfig", str(lab.kubeconfig("offline")),
+        "--set", f"nodeName={node}", "--set", "virtualNodes=per-member", "--set", f"rbac.secretNamespaces={{{jobs}}}",
+        check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    await service_account_kubeconfig(lab, offline, "offline", namespace, release, kubeconfig)
+    ours, other = f"{node}-m1", f"not-{node}"
+    key = ec.generate_private_key(ec.SECP256R1())
+    theirs = f"csr-{release}-admin"
+    created: list[str] = []
+    try:
+        for name in (ours, other):
+            await offline.create("/api/v1/nodes", {"metadata": {"name": name, "labels": {"test": release}}})
+            created.append(name)
+        await offline.create(CSR_PATH, csr_object(theirs, csr_pem(key, node, "127.0.0.1")))
+        async with KubeClient(load_kubeconfig(kubeconfig)) as account:
+            # Refused by the policy (RBAC lets per-member mode patch any node) once it is in force.
+            async def refused_elsewhere() -> bool:
+                try:
+                    await account.patch(f"/api/v1/nodes/{other}", {"metadata": {"labels": {"x": "y"}}})
+                except ApiError as exc:
+                    assert exc.status == 403, exc
+                    assert "only its own virtual nodes" in str(exc), exc
+                    return True
+                await offline.patch(f"/api/v1/nodes/{other}", {"metadata": {"labels": {"x": None}}})
+                return False
+
+            await eventually(refused_elsewhere, timeout=30, what="the admission policy in force")
+            with pytest.raises(ApiError, match="only its own virtual nodes"):
+                await account.delete(f"/api/v1/nodes/{other}")
+            await account.patch(f"/api/v1/nodes/{ours}", {"metadata": {"labels": {"x": "y"}}})
+            await account.delete(f"/api/v1/nodes/{ours}")
+            created.remove(ours)
+
+            # Someone else's serving CSR: refused; its own: approved.
+            with pytest.raises(ApiError, match="approve only the kubelet-serving CSRs it submitted") as caught:
+                await account.replace(
+                    f"{CSR_PATH}/{theirs}/approval", _approval(await offline.get(f"{CSR_PATH}/{theirs}"))
+                )
+            assert caught.value.status == 403
+            mine = f"csr-{release}-own"
+            await account.create(CSR_PATH, csr_object(mine, csr_pem(key, node, "127.0.0.1")))
+            approved = await account.replace(
+                f"{CSR_PATH}/{mine}/approval", _approval(await account.get(f"{CSR_PATH}/{mine}"))
+            )
+            assert approved["status"]["conditions"][0]["type"] == "Approved"
+            await offline.delete(f"{CSR_PATH}/{mine}")
+
+            # Secrets: read in the listed namespace and the release's, nowhere else; written only
+            # in the release's.
+            for where, readable in ((jobs, True), (namespace, True), ("default", False)):
+                rules = await can_i(account, where)
+                assert ("get" in rules.get("secrets", set())) is readable, (where, rules.get("secrets"))
+                assert ("patch" in rules.get("secrets", set())) is (where == namespace), (where, rules.get("secrets"))
+    finally:
+        for name in created:
+            await offline.delete(f"/api/v1/nodes/{name}")
+        with contextlib.suppress(NotFound):
+            await offline.delete(f"{CSR_PATH}/{theirs}")
+        helm("uninstall", release, "-n", namespace, "--no-hooks", "--kubeconfig", str(lab.kubeconfig("offline")))

@@ -10,7 +10,9 @@ Kubelet API (HTTPS, every request authenticated and authorized):
   /portForward/{namespace}/{pod}[/{uid}]             port-forward over SPDY/3.1 (portforward)
   /run/...                                           501: the kubelet's deprecated one-shot run
 Plain port: /healthz, /readyz, /metrics (Prometheus); with the federation provider also / (the
-dashboard), /capacity and /history.
+dashboard), /capacity and /history. Unauthenticated on the pod's loopback; with
+`http.health_auth` (a plain port that listens beyond the pod) every path but the probes' asks
+what the kubelet port asks (`kubelet_auth`).
 
 What one client may hold of the kubelet port is bounded (vkprovider.httpapi.limits): connections
 and header time by the listener's guard, each streaming session by `StreamLimits`, and the
@@ -21,17 +23,19 @@ no kept-alive connection.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import json
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import Gauge
 
 from vkprovider import logs
 from vkprovider.httpapi import portforward, remotecommand, wsremotecommand
-from vkprovider.httpapi.auth import Authenticator, Authorizer, user_from_certificate
+from vkprovider.httpapi.auth import Authenticator, Authorizer, User, user_from_certificate
 from vkprovider.httpapi.limits import DEFAULT_LIMITS, ConnectionGuard, StreamLimits
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
@@ -47,6 +51,7 @@ from vkprovider.provider import (
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_log = logs.get("kubelet-api")
 USER = web.RequestKey("user", str)  # the authenticated client's name, for its share of sessions
 NO_RUN = "vkprovider does not serve /run (the kubelet's deprecated one-shot command); kubectl exec uses /exec"
 
@@ -199,18 +204,9 @@ class KubeletApi:
             self._guard.request_ended(request.transport, upgraded=upgraded)
 
     async def _authorized(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        user = user_from_certificate(request.transport.get_extra_info("peercert") if request.transport else None)
+        user = await identify(request, self._authn)
         if user is None:
-            header = request.headers.get("Authorization", "")
-            if header.startswith("Bearer "):
-                try:
-                    user = await self._authn.token(header[len("Bearer ") :].strip())
-                except ApiError as exc:  # not authenticated, whatever went wrong
-                    self._log.warning("token review failed", error=repr(exc))
-        if user is None:
-            refused = web.Response(status=401, text="Unauthorized\n")
-            refused.force_close()  # no kept-alive connection for a client we do not know
-            return refused
+            return unauthorized()
         node = self._node
         parts = request.path.split("/")
         if (
@@ -345,8 +341,54 @@ def parse_duration(text: str) -> float:
     return value
 
 
+async def identify(request: web.Request, authn: Authenticator) -> User | None:
+    """The client: a certificate our CA verified (the apiserver's), else a bearer token the
+    apiserver's TokenReview accepts; None when neither."""
+    user = user_from_certificate(request.transport.get_extra_info("peercert") if request.transport else None)
+    if user is not None:
+        return user
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Bearer "):
+        return None
+    try:
+        return await authn.token(header[len("Bearer ") :].strip())
+    except ApiError as exc:  # not authenticated, whatever went wrong
+        _log.warning("token review failed", error=repr(exc))
+        return None
+
+
+def unauthorized() -> web.Response:
+    refused = web.Response(status=401, text="Unauthorized\n")
+    refused.force_close()  # no kept-alive connection for a client we do not know
+    return refused
+
+
+def kubelet_auth(authn: Authenticator, authz: Authorizer, *, node: str, open_paths: frozenset[str]) -> Middleware:
+    """The kubelet port's authentication and authorization for another listener (the plain port
+    once it listens beyond the pod): `open_paths` (the probes' /healthz and /readyz, which the
+    kubelet asks without credentials) and the pod's own loopback (exec probes, and `kubectl
+    port-forward`, which the apiserver authorized as pods/portforward) pass; every other request
+    needs what the kubelet port would ask: /metrics `get nodes/metrics`, the rest `get nodes/proxy`."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if request.path in open_paths or (peer and ipaddress.ip_address(peer[0]).is_loopback):
+            return await handler(request)
+        user = await identify(request, authn)
+        if user is None:
+            return unauthorized()
+        allowed, reason = await authz.check(user, method=request.method, path=request.path, node=node)
+        if not allowed:
+            return web.Response(status=403, text=f"Forbidden ({reason})\n")
+        return await handler(request)
+
+    return middleware
+
+
 def health_app(
     *,
+    middlewares: tuple[Middleware, ...] = (),
     metrics: Metrics,
     alive: Callable[[], bool],
     ready: Callable[[], bool],
@@ -385,7 +427,7 @@ def health_app(
             return web.Response(status=404, text="this provider has no dashboard\n")
         return web.Response(body=dashboard.dashboard_page(), content_type="text/html", charset="utf-8")
 
-    app = web.Application()
+    app = web.Application(middlewares=middlewares)
     app.router.add_get("/", page)
     app.router.add_get("/capacity", capacity)
     app.router.add_get("/history", history_of)

@@ -41,3 +41,22 @@ in 4 s, or a status of 400 or more, and python exits non-zero. http.client: no p
 {{- $code := printf "import http.client as h; c = h.HTTPConnection('127.0.0.1', %v, timeout=4); c.request('GET', '%s'); raise SystemExit(c.getresponse().status >= 400)" $root.Values.ports.metrics (index . 1) -}}
 [python, -I, -S, -c, {{ $code | quote }}]
 {{- end -}}
+
+{{/* Users' additions to the provider's container (and the drain's, which reads the same members
+with the same kubeconfigs): environment, volumes and their mounts, e.g. a cloud CLI an exec
+plugin runs, or a file a kubeconfig names (federation.secretFilePaths). */}}
+{{- define "vkprovider.extraEnv" -}}
+{{- with .Values.extraEnv }}
+{{ toYaml . | indent 8 }}
+{{- end }}
+{{- end -}}
+{{- define "vkprovider.extraVolumeMounts" -}}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . | indent 8 }}
+{{- end }}
+{{- end -}}
+{{- define "vkprovider.extraVolumes" -}}
+{{- with .Values.extraVolumes }}
+{{ toYaml . | indent 6 }}
+{{- end }}
+{{- end -}}
