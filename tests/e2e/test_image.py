@@ -5,9 +5,9 @@ again from the same inputs, the same digest.
 
 Why unshare and chroot rather than a container runtime: CI machines (and the one this was
 written on) have no container daemon, and a runtime cannot set up the cgroups it wants there.
-A mount namespace (`unshare --mount --pid --fork`), a read-only bind mount of the unpacked tree
-and `chroot --userspec` need only root and Linux namespaces, and exercise what matters here:
-the layers, the user, the entry point, the environment, nothing written outside /tmp.
+Namespaces, a read-only bind mount of the unpacked tree and `chroot --userspec` (e2e.image.sandbox,
+the layers unpacked by e2e.image.unpack) need only root, and exercise what matters here: the
+layers, the user, the entry point, the environment, nothing written outside /tmp.
 
 Needs no lab, so it runs beside the lab's start. Time (2 cores): a cold build (an empty
 ~/.cache/vkprovider/image) takes about 50 s (the Debian tree about 25 s, the dependencies'
@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import subprocess
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,82 +28,51 @@ from typing import Any
 import pytest
 
 from e2e.image import build as image_build
+from e2e.image import sandbox
+from e2e.image.unpack import Unpacked, unpack
 
 
 @dataclass(frozen=True)
-class Unpacked:
+class Image:
     archive: Path
-    digest: str
-    root: Path
-    config: dict[str, Any]
+    unpacked: Unpacked
 
+    @property
+    def root(self) -> Path:
+        return self.unpacked.root
 
-def _blob(archive: tarfile.TarFile, digest: str) -> bytes:
-    member = archive.extractfile("blobs/sha256/" + digest.removeprefix("sha256:"))
-    assert member is not None, digest
-    data = member.read()
-    assert "sha256:" + hashlib.sha256(data).hexdigest() == digest
-    return data
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.unpacked.config
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Unpacked:
+def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     if os.geteuid() != 0:
         pytest.fail("building and running the image needs root (mmdebstrap, chroot, mount namespaces)")
     built = image_build.build()
-    root = tmp_path_factory.mktemp("image") / "root"
-    root.mkdir()
-    layers = tmp_path_factory.mktemp("layers")
-    with tarfile.open(built.path) as archive:
-        assert json.loads(_blob_named(archive, "oci-layout")) == {"imageLayoutVersion": "1.0.0"}
-        (entry,) = json.loads(_blob_named(archive, "index.json"))["manifests"]
-        assert entry["digest"] == built.digest
-        manifest = json.loads(_blob(archive, entry["digest"]))
-        config = json.loads(_blob(archive, manifest["config"]["digest"]))
-        assert [layer["mediaType"] for layer in manifest["layers"]] == [
-            "application/vnd.oci.image.layer.v1.tar+gzip"
-        ] * len(config["rootfs"]["diff_ids"])
-        for layer in manifest["layers"]:  # in order, each over the ones below
-            path = layers / layer["digest"].removeprefix("sha256:")
-            path.write_bytes(_blob(archive, layer["digest"]))
-            subprocess.run(["tar", "-xzf", path, "--numeric-owner", "-C", root], check=True)
-    return Unpacked(archive=built.path, digest=built.digest, root=root, config=config["config"])
+    unpacked = unpack(built.path, tmp_path_factory.mktemp("image") / "root")
+    assert unpacked.digest == built.digest
+    return Image(archive=built.path, unpacked=unpacked)
 
 
-def _blob_named(archive: tarfile.TarFile, name: str) -> bytes:
-    member = archive.extractfile(name)
-    assert member is not None, name
-    return member.read()
-
-
-# Mounts the unpacked tree read-only on itself, a tmpfs at /tmp (the chart's emptyDir), /proc and
-# the few devices a runtime provides, then runs the rest of the arguments.
-_SANDBOX = """
-set -eu
-root=$1; shift
-mount --bind "$root" "$root"
-mount -o remount,bind,ro "$root"
-mount -t tmpfs -o mode=1777,size=16m tmpfs "$root/tmp"
-mount -t proc proc "$root/proc"
-mount -t tmpfs -o mode=755,size=1m tmpfs "$root/dev"
-for dev in null zero random urandom; do
-  touch "$root/dev/$dev"
-  mount --bind "/dev/$dev" "$root/dev/$dev"
-done
-exec "$@"
-"""
-
-
-def _run_in_image(image: Unpacked, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """`argv` run in the image as its configuration says: user, environment, working directory."""
+def _run_in_image(image: Image, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`argv` run in the image as its configuration says (user, environment, working
+    directory), on a read-only root with a tmpfs at /tmp (the chart's emptyDir)."""
     config = image.config
-    inside = ["/usr/bin/env", "-i", "-C", config["WorkingDir"], *config["Env"], *argv]
-    chroot = ["chroot", f"--userspec={config['User']}", str(image.root), *inside]
-    cmd = ["unshare", "--mount", "--pid", "--fork", "sh", "-c", _SANDBOX, "sandbox", str(image.root), *chroot]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    container = sandbox.Container(
+        root=image.root,
+        argv=argv,
+        env=config["Env"],
+        workdir=config["WorkingDir"],
+        user=config["User"],
+        mounts=[sandbox.Mount(target="/tmp", size="16m")],
+        read_only_root=True,
+    )
+    return sandbox.run(container, timeout=60)
 
 
-def test_config_names_the_user_entry_point_and_environment(image: Unpacked) -> None:
+def test_config_names_the_user_entry_point_and_environment(image: Image) -> None:
     config = image.config
     assert config["User"] == "65532:65532"  # the chart's runAsUser and runAsGroup
     assert config["Entrypoint"] == ["vkprovider"]
@@ -119,7 +86,7 @@ def test_config_names_the_user_entry_point_and_environment(image: Unpacked) -> N
     assert any(line.startswith("python3.11 3.11.") for line in packages.splitlines())
 
 
-def test_entry_point_runs_as_its_user_on_a_read_only_root(image: Unpacked) -> None:
+def test_entry_point_runs_as_its_user_on_a_read_only_root(image: Image) -> None:
     result = _run_in_image(image, [*image.config["Entrypoint"], "--help"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: vkprovider")
@@ -127,7 +94,7 @@ def test_entry_point_runs_as_its_user_on_a_read_only_root(image: Unpacked) -> No
     assert result.stderr == ""
 
 
-def test_dependencies_load_and_only_tmp_is_writable(image: Unpacked) -> None:
+def test_dependencies_load_and_only_tmp_is_writable(image: Image) -> None:
     """The native extensions load with the image's libraries (not the host's), and the process
     is the image's user: the root filesystem refuses writes, /tmp takes them."""
     probe = (
@@ -147,7 +114,7 @@ def test_dependencies_load_and_only_tmp_is_writable(image: Unpacked) -> None:
     assert result.stdout.split() == ["65532", "65532", str(errno.EROFS), "True", "1", "/tmp"]
 
 
-def test_bytecode_is_compiled_at_build_time(image: Unpacked) -> None:
+def test_bytecode_is_compiled_at_build_time(image: Image) -> None:
     """Every module of the provider and of the standard library has unchecked-hash bytecode
     beside it: nothing to compile (or write) at start, and no source timestamps to check."""
     site = image.root / "opt/vkprovider/lib/python3.11/site-packages"
@@ -159,10 +126,10 @@ def test_bytecode_is_compiled_at_build_time(image: Unpacked) -> None:
         assert int.from_bytes(header[4:8], "little") == 0b01, f"{cached}: not unchecked-hash bytecode"
 
 
-def test_same_inputs_give_the_same_digest(image: Unpacked) -> None:
+def test_same_inputs_give_the_same_digest(image: Image) -> None:
     """Built again (the Debian tree and the dependencies from the cache, the provider's wheel,
     its layer and the layout remade), the archive is the same to the byte."""
     before = hashlib.sha256(image.archive.read_bytes()).hexdigest()
     again = image_build.build()
-    assert again.digest == image.digest
+    assert again.digest == image.unpacked.digest
     assert hashlib.sha256(again.path.read_bytes()).hexdigest() == before
