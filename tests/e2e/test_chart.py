@@ -333,6 +333,19 @@ def test_every_read_only_container_has_a_writable_tmp() -> None:
     assert {"Deployment rel", "Job rel-drain", "Job rel-crds"} <= {w.split(" container")[0] for w in checked}
 
 
+@pytest.mark.shares_lab
+def test_no_other_pod_carries_the_providers_selector() -> None:
+    """`vkprovider drain` waits for the pods of the Deployment's selector to go: a hook's or the
+    helm test's pod carrying it would wait for itself until its deadline."""
+    docs = render()
+    selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    others = [d for d in docs if d["kind"] in ("Job", "Pod")]
+    assert len(others) >= 3, [d["metadata"]["name"] for d in others]  # drain, CRDs, helm test
+    for doc in others:
+        pod_labels = (doc["spec"]["template"]["metadata"] if doc["kind"] == "Job" else doc["metadata"])["labels"]
+        assert not selector.items() <= pod_labels.items(), doc["metadata"]["name"]
+
+
 #: Kinds of the chart's objects that are not in a namespace.
 CLUSTER_SCOPED = {
     "ClusterRole",

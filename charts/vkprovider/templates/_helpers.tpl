@@ -17,6 +17,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* Labels of a hook's or a test's pod: (list $ "drain"). Not the Deployment's selector: the
+drain waits for the provider's pods to go, and must not wait for its own. */}}
+{{- define "vkprovider.componentLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: vkprovider-{{ index . 1 }}
+app.kubernetes.io/component: {{ index . 1 }}
+app.kubernetes.io/part-of: vkprovider
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+{{- end -}}
+
 {{- define "vkprovider.selector" -}}
 app.kubernetes.io/name: vkprovider
 app.kubernetes.io/instance: {{ .Release.Name }}
