@@ -57,6 +57,7 @@ class AuditRecord:
     subresource: str
     namespace: str
     name: str
+    agent: str = ""  # the client's User-Agent
 
     @property
     def is_write(self) -> bool:
@@ -97,6 +98,7 @@ def records(lab: LabState, cluster: str, *, users: set[str] | None = None) -> li
                 subresource=ref.get("subresource", ""),
                 namespace=ref.get("namespace", ""),
                 name=ref.get("name", ""),
+                agent=event.get("userAgent", ""),
             )
         )
     return out

@@ -142,13 +142,17 @@ AUDITED_GROUP = "vkprovider:audited"
 
 
 def audit_policy() -> str:
-    """Metadata (who, what, when, answer code) of the audited group's requests; nothing else."""
+    """Metadata (who, what, when, answer code, user agent) of the audited group's requests and
+    of ServiceAccounts' writes (the lab runs no pods of its own: those are tests' processes
+    holding an account's token, such as a chart's provider); nothing else."""
     return (
         "apiVersion: audit.k8s.io/v1\n"
         "kind: Policy\n"
         "omitStages: [RequestReceived]\n"
         "rules:\n"
         f"- level: Metadata\n  userGroups: [{AUDITED_GROUP!r}]\n"
+        "- level: Metadata\n  userGroups: [system:serviceaccounts]\n"
+        "  verbs: [create, update, patch, delete, deletecollection]\n"
         "- level: None\n"
     )
 
