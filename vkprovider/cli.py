@@ -99,8 +99,21 @@ def _drain(args: argparse.Namespace) -> int:
     return int(command(settings, deployment=args.deployment, timeout=args.timeout))
 
 
+def _end_on_sigterm() -> None:
+    """A one-shot command (a hook's, the helm test's) is often its container's first process,
+    and PID 1 ignores a signal it has no handler for: its pod's deletion would wait out the
+    grace period. It ends on SIGTERM at once, with the shell's status for it (143)."""
+
+    def end(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "run":
+        _end_on_sigterm()
     if args.command == "status":
         return status.main(args.url, args.since)
     if args.command == "drain":

@@ -7,9 +7,8 @@ everything through the hook and leaves nothing behind.
 Who runs the pods, and why the verdicts are this test's: the lab's nodes run no containers (KWOK
 writes statuses only, and marks a Job's pod Succeeded by itself after 2 s), so the chart's pods
 are kept off every node and this test is their kubelet (e2e.hostkubelet, e2e.podrun). The values'
-nodeSelector names a label no node has (the Deployment's pod and the helm test's pod), and a
-LimitRange in the release namespace gives a container without requests (the drain Job's: its
-template takes no nodeSelector) a CPU request no lab node has. No pod of the release is ever
+nodeSelector names a label no node has (the chart puts it on the Deployment's pod, the hooks'
+and the helm test's, as the provider's own placement). No pod of the release is ever
 bound, so nothing but this test writes their status: the test pod's and the drain pod's phase
 and exit code, which `helm test` and the Job controller (then `helm uninstall`) read, come from
 the exit status of the processes run here; the provider's Ready from its own exec probe run in
@@ -77,17 +76,6 @@ async def helm(*args: str, timeout: float = 280) -> tuple[int, str]:
         out, _ = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode()
-
-
-def held_limit_range() -> dict[str, Any]:
-    """A default CPU request for containers without one that no lab node can give: the drain
-    Job's pod stays unscheduled, for this test to run, rather than going to a KWOK node."""
-    return {
-        "apiVersion": "v1",
-        "kind": "LimitRange",
-        "metadata": {"name": "held-for-the-test"},
-        "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "100000"}}]},
-    }
 
 
 async def gang_and_plain(offline: KubeClient, namespace: str, node: str) -> None:
@@ -167,7 +155,6 @@ async def test_the_charts_own_pods_serve_pass_helm_test_and_drain_on_uninstall(
     release = f"vk{uuid.uuid4().hex[:5]}"
     node = f"vk-pods-{uuid.uuid4().hex[:5]}"
     namespace = await make_namespace(offline, f"{release}-system")
-    await offline.create(f"/api/v1/namespaces/{namespace}/limitranges", held_limit_range())
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(the_chart_values(lab, release, node)))
     kubeconfig = ("--kubeconfig", str(lab.kubeconfig("offline")))

@@ -45,8 +45,8 @@ from federation import labels
 from federation.members import crds
 from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
 from tests.e2e.test_chart import CHART
-from tests.e2e.test_chart_pods import held_limit_range, helm, image, the_chart_values
-from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
+from tests.e2e.test_chart_pods import gang_and_plain, helm, image, the_chart_values
+from tests.e2e.test_dispatch import cleanup, gang_pod
 from tests.e2e.vk import free_port
 from vkprovider.kube import KubeClient, NotFound, TooManyRequests
 
@@ -138,7 +138,6 @@ async def test_an_upgrade_from_the_previous_chart_keeps_tenancy_and_every_pod_wi
     release = f"vk{uuid.uuid4().hex[:5]}"
     node = f"vk-upgrade-{uuid.uuid4().hex[:5]}"
     namespace = await make_namespace(offline, f"{release}-system")
-    await offline.create(f"/api/v1/namespaces/{namespace}/limitranges", held_limit_range())
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(the_chart_values(lab, release, node)))
     kubeconfig = ("--kubeconfig", str(lab.kubeconfig("offline")))
@@ -173,22 +172,12 @@ async def test_an_upgrade_from_the_previous_chart_keeps_tenancy_and_every_pod_wi
 
             old = await eventually(provider_ready, timeout=90, what="the 0.1.0 provider's pod Ready")
             workload = await make_namespace(offline, f"upgrade-{uuid.uuid4().hex[:6]}")
-            await offline.create(
-                f"/apis/scheduling.k8s.io/v1beta1/namespaces/{workload}/podgroups", pod_group("g", 3, {})
-            )
-            for i in range(3):
-                await offline.create(f"/api/v1/namespaces/{workload}/pods", gang_pod(f"g{i}", node, "g", 0))
-            plain = gang_pod("plain", node, "none", 0)
-            del plain["spec"]["schedulingGroup"]
-            await offline.create(f"/api/v1/namespaces/{workload}/pods", plain)
+            await gang_and_plain(offline, workload, node)
 
             async def running(count: int) -> bool:
                 items = await pods(offline, workload)
                 return len(items) == count and all(p["status"].get("phase") == "Running" for p in items)
 
-            await eventually(
-                lambda: running(4), timeout=90, what="the gang and the plain pod running before the upgrade"
-            )
             before = await member_pods(lab, node)
             assert len(before) == 4, before
 
