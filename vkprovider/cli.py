@@ -20,7 +20,10 @@ import gc
 import importlib
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import uvloop
 
 from vkprovider import heap, logs, status
 from vkprovider.kube.access import KubeconfigError
@@ -59,6 +62,11 @@ async def _run(runtime: Runtime) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.request_stop)
     await runtime.run()
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop the settings name: uvloop's, or None for the standard library's."""
+    return uvloop.new_event_loop if name == "uvloop" else None
 
 
 def _tune_gc() -> None:
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _tune_gc()
     try:
-        asyncio.run(_run(Runtime(settings, provider)))
+        with asyncio.Runner(loop_factory=loop_factory(settings.runtime.event_loop)) as runner:
+            runner.run(_run(Runtime(settings, provider)))
     except KubeconfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

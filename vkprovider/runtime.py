@@ -222,7 +222,12 @@ class Runtime:
 
             runners.append(await self._serve_kubelet_api(client, authn, authz))
             self._ready = True
-            self._log.info("ready", port=settings.http.port, address=settings.node.internal_ip())
+            self._log.info(
+                "ready",
+                port=settings.http.port,
+                address=settings.node.internal_ip(),
+                event_loop=type(asyncio.get_running_loop()).__module__,
+            )
             await self._until(asyncio.Event().wait(), supervisor)
             clean = True
         finally:

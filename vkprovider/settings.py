@@ -178,6 +178,12 @@ class ShutdownSettings(_Section):
     grace: float = Field(10.0, description="Seconds in-flight work may take after SIGTERM before it is cancelled.")
 
 
+class RuntimeSettings(_Section):
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="The event loop: uvloop (libuv), or the standard library's asyncio loop."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VKPROVIDER_", env_nested_delimiter="__", extra="forbid")
 
@@ -186,6 +192,7 @@ class Settings(BaseSettings):
     pods: PodSettings = Field(default_factory=PodSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
