@@ -200,10 +200,9 @@ class PodController:
                 del self.cache[key]
             return
         self._own_writes[key] = updated["metadata"]["resourceVersion"]
-        # Only refresh a pod still cached: one whose DELETED event arrived while this write was
-        # in flight must not come back (it would be synced, and written to, for ever).
-        if self.cache.uid(key) == updated["metadata"].get("uid"):
-            self.cache[key] = updated
+        # A pod deleted meanwhile must not come back (it would be synced for ever), nor a newer one
+        # the watch brought (a scale-down's deletionTimestamp) be lost under this older answer.
+        self.cache.replace_if_still(key, meta.get("resourceVersion"), updated)
         self._metrics.status_writes.inc()
 
     def _unpark(self) -> None:

@@ -108,6 +108,14 @@ class PodStore(MutableMapping[str, _P], Generic[_P]):
         self._entries.pop(key, None)
         self._hot.pop(key, None)
 
+    def replace_if_still(self, key: str, version: str | None, pod: _P) -> None:
+        """`pod` in place of the version `version` of it, if that is still the one held: nothing
+        held, or a newer version (the watch's, while a write was answered), stays. A write with
+        that version as its precondition makes anything held since at least as new as `pod`."""
+        held = self.get(key)
+        if held is not None and (held.get("metadata") or {}).get("resourceVersion") == version:
+            self[key] = pod
+
     def holds(self, key: str, pod: _P) -> bool:
         """`pod` is the very object held for `key` (read or put lately): the same version."""
         return self._hot.get(key) is pod
