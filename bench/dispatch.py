@@ -25,11 +25,19 @@ its service account readied), reported apart as `first_pod_ms`. Phases (--phases
     to Running reported at the front end (bench.endtoend): the provider's CPU per pod and the
     API calls per pod by verb, front end and members, from the apiservers' audit logs; then the
     same pods through bench.cpufloor (only the API work, no provider logic): its CPU per pod and
-    the provider's ratio to it; --repeats rounds, in alternating order, and their medians.
+    the provider's ratio to it; --repeats rounds, in alternating order, and their medians;
+  - relayfloor: with member-1 as the only member, on the same lab one after the other (never two
+    at once), each started and warmed up with --relay-warm-up pods before the window, then
+    --relay-pods pods bound to its node until Running at the front end: the CPU per pod of the
+    provider, of the lean relay floor (bench.relayfloor: aiohttp and orjson, none of our code),
+    each with every loop of --relay-loops, and of the client floor (bench.cpufloor, our client,
+    asyncio's loop); the provider's ratio to each floor; --repeats rounds, order reversed every
+    other round, and their medians (issue 39: the provider at most 1.3 x the lean floor).
 Every phase reports each lab process's CPU in cores (1.0 = one core of the machine's two).
 Targets (issue 5): at least 70 % of the ceiling's throughput; added p99 under 250 ms at 100/s.
 Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--rates 20,50,100]
-[--workers N] [--phases burst,floor,paced,gang] [--profile FILE]`.
+[--workers N] [--phases burst,floor,paced,gang] [--profile FILE]`; the relay floor alone:
+`--phases relayfloor --repeats 3 --relay-loops uvloop,asyncio --state DIR`.
 """
 
 from __future__ import annotations
@@ -40,9 +48,11 @@ import functools
 import json
 import os
 import statistics
+import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +60,12 @@ import aiohttp
 
 from bench import cpufloor, endtoend
 from bench.common import CpuMeter, NamespaceWatch, Profile, Provider, lab_pids, on_lab, per_pod
+from e2e import audit
 from e2e import lab as lab_mod
+from e2e.state import LabState
 from federation.config import MemberConfig
 from federation.dispatch import forge
-from vkprovider.kube import KubeClient, NotFound, ensure_namespace, load_kubeconfig
+from vkprovider.kube import ApiError, KubeClient, NotFound, ensure_namespace, load_kubeconfig
 from vkprovider.settings import PodSettings
 
 MEMBER = "member-1"
@@ -379,7 +391,13 @@ async def run(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
             result["compare"] = await _compare(bench, args)
     if "endtoend" in phases:
         result.update(await _end_to_end(state, workdir, args))
-    result["targets"] = {"burst.ratio_to_ceiling": 0.7, "paced[100/s].added_ms_p99": 250}
+    if "relayfloor" in phases:
+        result["relay_floor"] = await _relay_floor(state, workdir, args)
+    result["targets"] = {
+        "burst.ratio_to_ceiling": 0.7,
+        "paced[100/s].added_ms_p99": 250,
+        "relay_floor.median.provider_to_lean_floor": 1.3,
+    }
     return result
 
 
@@ -411,6 +429,161 @@ async def _end_to_end(state: Path, workdir: Path, args: argparse.Namespace) -> d
         )
     medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     return {"end_to_end": providers[0], "end_to_end_rounds": rounds, "end_to_end_median": medians}
+
+
+async def _running(phases: endtoend.Phases, count: int, alive: Callable[[], bool], *, timeout: float = 600) -> float:
+    """When the `count`th pod of the namespace was seen Running; an error if the relay exits."""
+    deadline = time.monotonic() + timeout
+    while phases.count("Running") < count:
+        if not alive():
+            raise RuntimeError("the relay under measure exited")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{phases.count('Running')} of {count} pods Running after {timeout}s")
+        await asyncio.sleep(0.05)
+    return max(t for _, t in phases.times("Running"))
+
+
+async def _relayed(
+    lab: LabState, front: KubeClient, ns: str, node: str, pid: int, alive: Callable[[], bool], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Pods bound to `node` until the front end shows them Running: first --relay-warm-up, then
+    (after 5 s of idle rate) --relay-pods in the window; the CPU per pod of process `pid` over
+    the window (its marginal cost, started and warmed up), read from outside as the provider's
+    is (bench.endtoend), and the relay's writes per pod from the apiservers' audit logs."""
+    warm, count = args.relay_warm_up, args.relay_pods
+    cpu, window = endtoend.Cpu(pid), endtoend.AuditWindow(lab)
+    async with endtoend.Phases(front, ns) as phases:
+        await endtoend.create_all(front, ns, [endtoend.pod(f"w{i:05d}", node) for i in range(warm)])
+        await _running(phases, warm, alive)
+        await asyncio.sleep(2.0)
+        idle = await cpu.idle_cores(5.0)
+        window.start()
+        before, started = cpu.seconds(), time.monotonic()
+        await endtoend.create_all(front, ns, [endtoend.pod(f"p{i:05d}", node) for i in range(count)])
+        last = await _running(phases, warm + count, alive)
+        await asyncio.sleep(2.0)  # as for the provider end to end: the writes' echoes arrive
+        used, wall = cpu.seconds() - before, time.monotonic() - started
+        window.stop()
+    return {
+        "cpu_ms_per_pod": round(used / count * 1000, 2),
+        "cpu_ms_per_pod_less_idle": round((used - idle * wall) / count * 1000, 2),
+        "idle_cores": round(idle, 4),
+        "all_running_s": round(last - started, 1),
+        "writes_per_pod": window.per_pod(count)["writes"],
+    }
+
+
+@asynccontextmanager
+async def _floor_process(argv: list[str], log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`python -m argv...` in a session of its own (its own CPU share, as the provider's), once
+    it prints `ready`."""
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True
+        )
+    try:
+        assert proc.stdout is not None
+        if (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() != b"ready":
+            raise RuntimeError(f"{argv[0]} did not start; see {log}")
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+
+
+async def _relay_run(
+    lab: LabState, front: KubeClient, workdir: Path, kind: str, loop: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One relay of `kind` (provider, lean floor, client floor) on a fresh node and namespace,
+    member-1 its only member, audited as bench.endtoend's provider is."""
+    node, ns = f"vk-relay-{uuid.uuid4().hex[:5]}", f"relay-{uuid.uuid4().hex[:5]}"
+    await ensure_namespace(front, ns)
+    if kind == "provider":
+        config = endtoend.provider_config(lab, node)
+        federation = config["provider"]["federation"]
+        federation["members"] = [m for m in federation["members"] if m["name"] == MEMBER]
+        config["runtime"] = {"event_loop": loop}
+        async with Provider(config, workdir, ready=_provider_ready) as provider:
+            assert provider.proc is not None
+            proc = provider.proc
+            try:
+                return await _relayed(lab, front, ns, node, proc.pid, lambda: proc.poll() is None, args)
+            finally:
+                await endtoend.clean(lab, front, ns)
+
+    def config_of(cluster: str) -> str:
+        return str(audit.user_kubeconfig(lab, cluster, endtoend.USER, groups=("system:masters",)))
+
+    ends = ["--front", config_of("offline"), "--member", config_of(MEMBER), "--node", node]
+    if kind == "lean floor":
+        argv = ["bench.relayfloor", *ends, "--loop", loop]
+    else:
+        argv = [
+            "bench.cpufloor",
+            "serve",
+            *ends,
+            "--namespace",
+            ns,
+            "--count",
+            str(args.relay_warm_up + args.relay_pods),
+        ]
+    # A node object, so the front end's pod GC does not take its pods for orphans (bench.cpufloor).
+    await front.create("/api/v1/nodes", {"metadata": {"name": node}})
+    async with KubeClient(load_kubeconfig(lab.kubeconfig(MEMBER))) as member:
+        await ensure_namespace(member, ns)  # before the window, as the floors' namespaces always are
+        try:
+            async with _floor_process(argv, workdir / "relay.log") as floor:
+                return await _relayed(lab, front, ns, node, floor.pid, lambda: floor.returncode is None, args)
+        finally:
+            for client, path in ((front, f"/api/v1/namespaces/{ns}"), (member, f"/api/v1/namespaces/{ns}")):
+                with suppress(ApiError):
+                    await client.delete(f"{path}/pods", params={"gracePeriodSeconds": "0"})
+                with suppress(ApiError):
+                    await client.delete(path)
+            with suppress(ApiError):
+                await front.delete(f"/api/v1/nodes/{node}")
+            for _ in range(600):  # gone, so the next relay does not share the machine with its deletion
+                try:
+                    await member.get(f"/api/v1/namespaces/{ns}")
+                except NotFound:
+                    break
+                await asyncio.sleep(0.5)
+
+
+async def _relay_floor(state: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """--repeats rounds, each the provider and the lean floor with every loop of --relay-loops,
+    then the client floor, one after the other on the same lab, the order reversed every other
+    round: each one's CPU per pod, the provider's ratios to the floors, and their medians."""
+    lab = lab_mod.load_running(state)
+    loops = args.relay_loops.split(",")
+    runs = [*((kind, loop) for loop in loops for kind in ("provider", "lean floor")), ("client floor", "asyncio")]
+    rounds: list[dict[str, Any]] = []
+    async with KubeClient(load_kubeconfig(lab.kubeconfig("offline")), connection_limit=200) as front:
+        for i in range(args.repeats):
+            one: dict[str, Any] = {}
+            for kind, loop in runs if i % 2 == 0 else runs[::-1]:
+                name = kind.replace(" ", "_") + ("" if kind == "client floor" else f"_{loop}")
+                (workdir / f"relay-{i}-{name}").mkdir()
+                one[name] = await _relay_run(lab, front, workdir / f"relay-{i}-{name}", kind, loop, args)
+                print(f"relayfloor round {i + 1}: {name} {one[name]}", file=sys.stderr, flush=True)
+            for loop in loops:
+                ms = one[f"provider_{loop}"]["cpu_ms_per_pod"]
+                one[f"provider_{loop}_to_lean_floor"] = round(ms / one[f"lean_floor_{loop}"]["cpu_ms_per_pod"], 2)
+                one[f"provider_{loop}_to_client_floor"] = round(ms / one["client_floor"]["cpu_ms_per_pod"], 2)
+            rounds.append(one)
+    median = {
+        key: statistics.median(r[key]["cpu_ms_per_pod"] if isinstance(r[key], dict) else r[key] for r in rounds)
+        for key in rounds[0]
+    }
+    return {
+        "member": MEMBER,
+        "warm_up": args.relay_warm_up,
+        "pods": args.relay_pods,
+        "client_floor_loop": "asyncio",
+        "rounds": rounds,
+        "median": median,
+    }
 
 
 def _lab_ms_per_pod(run: dict[str, Any]) -> float:
@@ -472,9 +645,16 @@ def main() -> None:
         "--phases",
         default="burst,floor,paced,gang,endtoend",
         help="comma-separated: burst, floor, paced, gang, endtoend, compare (--repeats rounds of burst, floor "
-        "and paced at --rates, through the provider and by hand, alternating)",
+        "and paced at --rates, through the provider and by hand, alternating), relayfloor (not by default)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of the compare and endtoend phases")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the compare, endtoend and relayfloor phases")
+    parser.add_argument("--relay-pods", type=int, default=600, help="pods in the relayfloor phase's window")
+    parser.add_argument("--relay-warm-up", type=int, default=200, help="pods before the relayfloor phase's window")
+    parser.add_argument(
+        "--relay-loops",
+        default="uvloop",
+        help="comma-separated event loops of the provider and lean floor: uvloop, asyncio",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the burst, to FILE")
     parser.add_argument("--profile-e2e", type=Path, default=None, help="py-spy the end-to-end phase, to FILE")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
