@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,13 +20,12 @@ import psutil
 import yaml
 
 from e2e import lab as lab_mod
+from e2e import ports
 from vkprovider.kube import KubeClient
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.listen_port()
 
 
 async def on_lab(

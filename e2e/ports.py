@@ -60,11 +60,11 @@ def block_size(cluster_count: int) -> int:
     return ETCD_PORTS + cluster_count * PORTS_PER_CLUSTER
 
 
-def is_free(port: int) -> bool:
+def is_free(port: int, *, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
         return True
@@ -87,3 +87,17 @@ def find_base(cluster_count: int, *, low: int = 20000, high: int = 32000, attemp
         if all(is_free(port) for port in range(base, base + size)):
             return base
     raise PortBusy(f"found no block of {size} free ports between {low} and {high}")
+
+
+def listen_port(*, low: int = 10000, high: int = 20000, attempts: int = 200) -> int:
+    """A port free now on every address, for a process a test starts (a provider's kubelet or
+    plain port). Not one the kernel hands out (bind to port 0): those come from the ephemeral
+    range, where any outgoing connection may take the same number as its local port before the
+    process binds it (a provider then failed with "address already in use" in a full run).
+    Below the lab's band, so a lab started meanwhile does not take it either."""
+    rng = random.Random()
+    for _ in range(attempts):
+        port = rng.randrange(low, high)
+        if is_free(port, host="0.0.0.0"):
+            return port
+    raise PortBusy(f"found no free port between {low} and {high}")

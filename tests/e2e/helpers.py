@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from e2e import procs
+from e2e import ports, procs
 from vkprovider.kube import KubeClient, NotFound, TooManyRequests, create_or_replace, ensure_namespace
 
 T = TypeVar("T")
@@ -133,9 +132,7 @@ def capacity_agents(lab: Any, members: list[str], workdir: Path) -> Iterator[dic
     addresses = {}
     try:
         for member in members:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                addresses[member] = f"127.0.0.1:{sock.getsockname()[1]}"
+            addresses[member] = f"127.0.0.1:{ports.listen_port()}"
             with open(workdir / f"agent-{member}.log", "wb") as log:
                 children.append(
                     subprocess.Popen(

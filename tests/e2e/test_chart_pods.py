@@ -78,6 +78,18 @@ async def helm(*args: str, timeout: float = 280) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
+async def new_release(lab: Lab, offline: KubeClient, tmp_path: Path, kind: str) -> tuple[str, str, str, Path]:
+    """A release's name, virtual node, namespace (made) and values file (written), for a chart
+    whose pods this test runs."""
+    await install_member_cluster_crd(offline)
+    release = f"vk{uuid.uuid4().hex[:5]}"
+    node = f"vk-{kind}-{uuid.uuid4().hex[:5]}"
+    namespace = await make_namespace(offline, f"{release}-system")
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(the_chart_values(lab, release, node)))
+    return release, node, namespace, values
+
+
 async def gang_and_plain(offline: KubeClient, namespace: str, node: str) -> None:
     """A gang (PodGroup of 3) and a plain pod for `node`, awaited Running."""
     await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{namespace}/podgroups", pod_group("g", 3, {}))
@@ -151,12 +163,7 @@ def the_chart_values(lab: Lab, release: str, node: str) -> dict[str, Any]:
 async def test_the_charts_own_pods_serve_pass_helm_test_and_drain_on_uninstall(
     lab: Lab, offline: KubeClient, image: Unpacked, tmp_path: Path
 ) -> None:
-    await install_member_cluster_crd(offline)
-    release = f"vk{uuid.uuid4().hex[:5]}"
-    node = f"vk-pods-{uuid.uuid4().hex[:5]}"
-    namespace = await make_namespace(offline, f"{release}-system")
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(the_chart_values(lab, release, node)))
+    release, node, namespace, values = await new_release(lab, offline, tmp_path, "pods")
     kubeconfig = ("--kubeconfig", str(lab.kubeconfig("offline")))
     install = ("install", release, str(CHART), "-n", namespace, "-f", str(values), "--skip-crds")
     code, said = await helm(*install, *kubeconfig)

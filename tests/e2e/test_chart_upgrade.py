@@ -43,9 +43,9 @@ from e2e.hostkubelet import HostKubelet
 from e2e.image.unpack import Unpacked
 from federation import labels
 from federation.members import crds
-from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
+from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
 from tests.e2e.test_chart import CHART
-from tests.e2e.test_chart_pods import gang_and_plain, helm, image, the_chart_values
+from tests.e2e.test_chart_pods import gang_and_plain, helm, image, new_release
 from tests.e2e.test_dispatch import cleanup, gang_pod
 from tests.e2e.vk import free_port
 from vkprovider.kube import KubeClient, NotFound, TooManyRequests
@@ -132,14 +132,9 @@ def one_writer_at_a_time(writes: list[audit.AuditRecord]) -> dict[str, tuple[flo
 async def test_an_upgrade_from_the_previous_chart_keeps_tenancy_and_every_pod_with_one_writer(
     lab: Lab, offline: KubeClient, image: Unpacked, tmp_path: Path
 ) -> None:
-    await install_member_cluster_crd(offline)
     previous = previous_chart(tmp_path / "previous")
     current_crd = yaml.safe_load((crds.OWN / "memberclusters.yaml").read_text())
-    release = f"vk{uuid.uuid4().hex[:5]}"
-    node = f"vk-upgrade-{uuid.uuid4().hex[:5]}"
-    namespace = await make_namespace(offline, f"{release}-system")
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(the_chart_values(lab, release, node)))
+    release, node, namespace, values = await new_release(lab, offline, tmp_path, "upgrade")
     kubeconfig = ("--kubeconfig", str(lab.kubeconfig("offline")))
     account = f"system:serviceaccount:{namespace}:{release}"
     probe = f"{release}-tenancy"

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,13 +18,12 @@ from typing import Any
 import aiohttp
 import yaml
 
+from e2e import ports
 from e2e.fixtures import Lab
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return ports.listen_port()
 
 
 @dataclass

@@ -188,3 +188,18 @@ def test_two_clusters_restarted_at_once_keep_each_others_pids(tmp_path: Path) ->
     after = state.load(tmp_path)
     assert after is not None
     assert {n: c.processes["kcm"].pid for n, c in after.clusters.items()} == {"member-1": 201, "member-3": 303}
+
+
+def test_a_listen_port_is_below_the_ephemeral_range_and_free() -> None:
+    """Ports for processes a test starts are not ones an outgoing connection may hold as its
+    local port (the kernel's ephemeral range), and are free when handed out."""
+    import socket
+
+    from e2e import ports
+
+    low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(20):
+        port = ports.listen_port()
+        assert not low <= port <= high
+        with socket.socket() as sock:
+            sock.bind(("0.0.0.0", port))
