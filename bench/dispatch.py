@@ -652,8 +652,8 @@ def main() -> None:
     parser.add_argument("--relay-warm-up", type=int, default=200, help="pods before the relayfloor phase's window")
     parser.add_argument(
         "--relay-loops",
-        default="uvloop",
-        help="comma-separated event loops of the provider and lean floor: uvloop, asyncio",
+        default="asyncio",
+        help="comma-separated event loops of the provider and lean floor: asyncio (the default), uvloop",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the burst, to FILE")
     parser.add_argument("--profile-e2e", type=Path, default=None, help="py-spy the end-to-end phase, to FILE")

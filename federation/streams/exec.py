@@ -149,8 +149,9 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, streams: ExecStreams, key
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, ConnectionError):
                 await task
-    if not status and ws.close_code != aiohttp.WSCloseCode.OK:
-        raise ProviderError(f"the connection to the member ended before the command did (code {ws.close_code})")
+    if not status and not activity.closed_normally:
+        code = activity.closed_with or ws.close_code
+        raise ProviderError(f"the connection to the member ended before the command did (code {code})")
     try:
         decoded = json.loads(status) if status else {}
     except ValueError:

@@ -69,6 +69,7 @@ async def _bridge(ws: aiohttp.ClientWebSocketResponse, stream: ByteStream, key: 
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, ConnectionError):
             await sender
-    if not error and not prefixed[DATA] and ws.close_code != aiohttp.WSCloseCode.OK:
-        return f"the connection to the member ended before the port answered (code {ws.close_code})"
+    if not error and not prefixed[DATA] and not activity.closed_normally:
+        code = activity.closed_with or ws.close_code
+        return f"the connection to the member ended before the port answered (code {code})"
     return error.decode(errors="replace")

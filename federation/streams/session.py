@@ -31,6 +31,15 @@ class StreamLimits:
 @dataclass
 class Activity:
     last: float = field(default_factory=time.monotonic)
+    #: The close code the member sent, None while it sent none. Not `ws.close_code`: aiohttp
+    #: answers a close frame with its own, and when the member has already shut the connection
+    #: (an apiserver does at once after a command's end) that answer fails and aiohttp records
+    #: 1006 in place of the member's 1000.
+    closed_with: int | None = None
+
+    @property
+    def closed_normally(self) -> bool:
+        return self.closed_with == aiohttp.WSCloseCode.OK
 
     def touch(self) -> None:
         self.last = time.monotonic()
@@ -49,7 +58,10 @@ async def channels(
             message = await ws.receive(timeout=left)
         except TimeoutError:
             continue  # the other direction may have been busy: the loop's check decides
-        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+        if message.type == aiohttp.WSMsgType.CLOSE:
+            activity.closed_with = message.data
+            return
+        if message.type in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
             return
         if message.type == aiohttp.WSMsgType.ERROR:
             raise ProviderError(f"the connection to the member broke: {message.data!r}")

@@ -21,7 +21,7 @@ def test_a_one_shot_command_ends_on_sigterm_with_143() -> None:
 
 
 def test_the_runtime_runs_on_the_event_loop_the_settings_name() -> None:
-    """uvloop by default (settings runtime.event_loop), the standard library's on request."""
+    """The standard library's loop by default (settings runtime.event_loop), uvloop on request."""
     import asyncio
 
     import uvloop
@@ -35,4 +35,4 @@ def test_the_runtime_runs_on_the_event_loop_the_settings_name() -> None:
     for name, expected in (("uvloop", uvloop.Loop), ("asyncio", asyncio.SelectorEventLoop)):
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
             assert issubclass(runner.run(which()), expected), name
-    assert load().runtime.event_loop == "uvloop"
+    assert load().runtime.event_loop == "asyncio"
