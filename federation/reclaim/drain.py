@@ -15,7 +15,8 @@ reclaim path as they would for online load (checkpoint notice, then graceful del
 6. the virtual nodes and their Leases are deleted.
 
 Members declared in the settings file (not as objects) cannot be disabled from outside the
-process: drain names them and stops with an error before changing anything.
+process, and a member whose kubeconfig Secret cannot be read cannot be looked into: drain names
+them and stops with an error before changing anything.
 """
 
 from __future__ import annotations
@@ -83,9 +84,20 @@ async def drain(settings: Settings, *, deployment: str | None, timeout: float) -
         _say(f"{len(names)} member(s): {', '.join(names) or '-'}")
         clients: dict[str, KubeClient] = {}
         try:
+            unreadable: list[str] = []
             for obj in objects:
-                with contextlib.suppress(ApiError, ValueError):
+                try:
                     clients[obj["metadata"]["name"]] = KubeClient(await access_from_secret(front, obj))
+                except (ApiError, ValueError) as exc:
+                    unreadable.append(f"{obj['metadata']['name']} ({exc})")
+            if unreadable:
+                # Without them, "no member holds a pod of ours" could not be told from "we could
+                # not look": stop before changing anything, as for members of the settings file.
+                raise DrainError(
+                    f"cannot read the credentials of member(s) {'; '.join(unreadable)}: no member was changed;"
+                    " fix their kubeconfig Secrets and drain again, or delete those MemberClusters"
+                    " yourself once nothing of this provider runs there"
+                )
             selector = {"labelSelector": owner.selector()}
             # A tenant's credential may not list across the member (federation.tenancy.policy): its
             # pods and copies are looked for in the namespaces its registry names.
