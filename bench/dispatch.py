@@ -32,12 +32,14 @@ its service account readied), reported apart as `first_pod_ms`. Phases (--phases
     provider, of the lean relay floor (bench.relayfloor: aiohttp and orjson, none of our code),
     each with every loop of --relay-loops, and of the client floor (bench.cpufloor, our client,
     asyncio's loop); the provider's ratio to each floor; --repeats rounds, order reversed every
-    other round, and their medians (issue 39: the provider at most 1.3 x the lean floor).
+    other round, and their medians (issue 39: the provider at most 1.3 x the lean floor); all
+    their API calls per pod from the audit logs; with --profile-relay, each relay py-spied in
+    its window.
 Every phase reports each lab process's CPU in cores (1.0 = one core of the machine's two).
 Targets (issue 5): at least 70 % of the ceiling's throughput; added p99 under 250 ms at 100/s.
 Run: `.venv/bin/python -m bench.dispatch [--state DIR] [--pods 1000] [--rates 20,50,100]
 [--workers N] [--phases burst,floor,paced,gang] [--profile FILE]`; the relay floor alone:
-`--phases relayfloor --repeats 3 --relay-loops uvloop,asyncio --state DIR`.
+`--phases relayfloor --repeats 3 --relay-loops asyncio,uvloop --state DIR [--profile-relay FILE]`.
 """
 
 from __future__ import annotations
@@ -444,7 +446,14 @@ async def _running(phases: endtoend.Phases, count: int, alive: Callable[[], bool
 
 
 async def _relayed(
-    lab: LabState, front: KubeClient, ns: str, node: str, pid: int, alive: Callable[[], bool], args: argparse.Namespace
+    lab: LabState,
+    front: KubeClient,
+    ns: str,
+    node: str,
+    pid: int,
+    alive: Callable[[], bool],
+    args: argparse.Namespace,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """Pods bound to `node` until the front end shows them Running: first --relay-warm-up, then
     (after 5 s of idle rate) --relay-pods in the window; the CPU per pod of process `pid` over
@@ -459,17 +468,20 @@ async def _relayed(
         idle = await cpu.idle_cores(5.0)
         window.start()
         before, started = cpu.seconds(), time.monotonic()
-        await endtoend.create_all(front, ns, [endtoend.pod(f"p{i:05d}", node) for i in range(count)])
-        last = await _running(phases, warm + count, alive)
-        await asyncio.sleep(2.0)  # as for the provider end to end: the writes' echoes arrive
-        used, wall = cpu.seconds() - before, time.monotonic() - started
+        with Profile(pid, profile):
+            await endtoend.create_all(front, ns, [endtoend.pod(f"p{i:05d}", node) for i in range(count)])
+            last = await _running(phases, warm + count, alive)
+            await asyncio.sleep(2.0)  # as for the provider end to end: the writes' echoes arrive
+            used, wall = cpu.seconds() - before, time.monotonic() - started
         window.stop()
+    calls = window.per_pod(count)
     return {
         "cpu_ms_per_pod": round(used / count * 1000, 2),
         "cpu_ms_per_pod_less_idle": round((used - idle * wall) / count * 1000, 2),
         "idle_cores": round(idle, 4),
         "all_running_s": round(last - started, 1),
-        "writes_per_pod": window.per_pod(count)["writes"],
+        "writes_per_pod": calls["writes"],
+        "calls_per_pod": {"front_end": calls["front_end"], "members": calls["members"]},
     }
 
 
@@ -498,6 +510,7 @@ async def _relay_run(
     """One relay of `kind` (provider, lean floor, client floor) on a fresh node and namespace,
     member-1 its only member, audited as bench.endtoend's provider is."""
     node, ns = f"vk-relay-{uuid.uuid4().hex[:5]}", f"relay-{uuid.uuid4().hex[:5]}"
+    profile = args.profile_relay and args.profile_relay.with_suffix(f".{workdir.name}.txt")
     await ensure_namespace(front, ns)
     if kind == "provider":
         config = endtoend.provider_config(lab, node)
@@ -508,7 +521,7 @@ async def _relay_run(
             assert provider.proc is not None
             proc = provider.proc
             try:
-                return await _relayed(lab, front, ns, node, proc.pid, lambda: proc.poll() is None, args)
+                return await _relayed(lab, front, ns, node, proc.pid, lambda: proc.poll() is None, args, profile)
             finally:
                 await endtoend.clean(lab, front, ns)
 
@@ -534,7 +547,7 @@ async def _relay_run(
         await ensure_namespace(member, ns)  # before the window, as the floors' namespaces always are
         try:
             async with _floor_process(argv, workdir / "relay.log") as floor:
-                return await _relayed(lab, front, ns, node, floor.pid, lambda: floor.returncode is None, args)
+                return await _relayed(lab, front, ns, node, floor.pid, lambda: floor.returncode is None, args, profile)
         finally:
             for client, path in ((front, f"/api/v1/namespaces/{ns}"), (member, f"/api/v1/namespaces/{ns}")):
                 with suppress(ApiError):
@@ -656,6 +669,12 @@ def main() -> None:
         help="comma-separated event loops of the provider and lean floor: asyncio (the default), uvloop",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the provider in the burst, to FILE")
+    parser.add_argument(
+        "--profile-relay",
+        type=Path,
+        default=None,
+        help="py-spy each relay in its relayfloor window, to FILE.ROUND-KIND.txt",
+    )
     parser.add_argument("--profile-e2e", type=Path, default=None, help="py-spy the end-to-end phase, to FILE")
     parser.add_argument("--state", type=Path, default=None, help="use a running lab instead of starting one")
     args = parser.parse_args()
