@@ -102,11 +102,19 @@ class Metrics:
             await asyncio.sleep(interval)
             self.loop_lag_seconds.observe(max(0.0, loop.time() - start - interval))
 
+    def sync_children(self) -> dict[str, Histogram]:
+        """`sync_seconds` by result, looked up once: `labels()` takes a lock and builds a key on
+        every call, several times per pod in a burst."""
+        return {result: self.sync_seconds.labels(result) for result in ("ok", "conflict", "parked", "error")}
+
     def queue_waits(self, queue: str) -> Callable[[float, bool], None]:
         """What a WorkQueue calls with each key's wait and whether it was urgent."""
 
+        # The children looked up once: `labels()` takes a lock and builds a key on every call.
+        urgent_wait, plain_wait = (self.queue_wait_seconds.labels(queue, lane) for lane in ("urgent", "plain"))
+
         def observe(seconds: float, urgent: bool) -> None:
-            self.queue_wait_seconds.labels(queue, "urgent" if urgent else "plain").observe(seconds)
+            (urgent_wait if urgent else plain_wait).observe(seconds)
 
         return observe
 

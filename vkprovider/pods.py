@@ -350,6 +350,7 @@ class PodController:
     async def _worker(self, urgent_only: bool = False) -> None:
         assert self.queue is not None
         queue = self.queue
+        seconds, depth = self._metrics.sync_children(), self._metrics.queue_depth.labels("pods")
         while True:
             try:
                 key = await queue.get(urgent_only=urgent_only)
@@ -383,8 +384,8 @@ class PodController:
                     self._log.warning("pod sync failed", pod=key, error=str(exc), retry_in=round(delay, 3))
             finally:
                 queue.done(key)
-                self._metrics.sync_seconds.labels(result).observe(time.perf_counter() - started)
-                self._metrics.queue_depth.labels("pods").set(len(queue))
+                seconds[result].observe(time.perf_counter() - started)
+                depth.set(len(queue))
 
     async def run(self) -> None:
         """Watch, sync and clean up until cancelled."""

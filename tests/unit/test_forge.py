@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -184,3 +185,18 @@ def test_references_of_a_pod() -> None:
         {"spec": {"clusterIP": "None", "selector": {"app": "other"}}},
     ]
     assert reflect.headless_services_for({"app": "train"}, services) == [services[0]]
+
+
+def test_the_front_end_pod_is_left_as_it_was() -> None:
+    """to_member copies only what it changes (the spec, its containers) and shares the rest with
+    the front-end pod, a cached object every other reader sees: it must come out untouched."""
+    pod = front_pod(initContainers=[{"name": "init", "image": "i:1", "resources": {"requests": {"cpu": "1"}}}])
+    before = copy.deepcopy(pod)
+    for colocation in (False, True):
+        out = translate(
+            pod, colocation=colocation, placement=Placement(member="member-2", network_pod="np-1", gpu_model="V100")
+        )
+        assert pod == before
+        assert [m["name"] for m in out["spec"]["containers"][0]["volumeMounts"]] == ["data"]
+        assert [v["name"] for v in out["spec"]["volumes"]] == ["data"]
+    assert out["spec"]["containers"][0]["resources"] != pod["spec"]["containers"][0]["resources"]  # colocation
