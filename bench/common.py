@@ -20,7 +20,7 @@ import psutil
 import yaml
 
 from e2e import lab as lab_mod
-from e2e import ports
+from e2e import metrics, ports
 from vkprovider.kube import KubeClient
 
 
@@ -131,39 +131,22 @@ class Provider:
             self.proc.terminate()
             self.proc.wait(30)
 
-    async def _metrics(self) -> str:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{self.health_port}/metrics") as resp,
-        ):
-            return await resp.text()
+    async def scrape(self) -> metrics.Scrape:
+        """The provider's /metrics, parsed (e2e.metrics: a metric it no longer exposes fails)."""
+        return await metrics.scrape(f"http://127.0.0.1:{self.health_port}/metrics")
 
     async def histograms(self) -> dict[str, dict[float, float]]:
         """Every histogram's cumulative bucket counts, `{"name{labels}": {le: count}}` (labels
-        other than `le`, sorted as served)."""
-        out: dict[str, dict[float, float]] = {}
-        for line in (await self._metrics()).splitlines():
-            name, _, rest = line.partition("_bucket{")
-            if not rest or line.startswith("#"):
-                continue
-            labels, _, value = rest.rpartition("} ")
-            le = next(part for part in labels.split(",") if part.startswith("le="))
-            others = ",".join(part for part in labels.split(",") if not part.startswith("le="))
-            out.setdefault(f"{name}{{{others}}}", {})[float(le[4:-1])] = float(value)
-        return out
+        other than `le`, sorted)."""
+        return (await self.scrape()).histograms()
 
     async def counters(self) -> dict[str, float]:
         """Front-end API calls by verb (`api:<VERB>`), pod status writes (`status_writes`) and pod
         syncs of any result (`syncs`)."""
-        text = await self._metrics()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("vkprovider_api_calls_total"):
-                out["api:" + line.split('verb="')[1].split('"')[0]] = float(line.split()[-1])
-            elif line.startswith("vkprovider_pod_status_writes_total "):
-                out["status_writes"] = float(line.split()[-1])
-            elif line.startswith("vkprovider_pod_sync_seconds_count"):  # every result
-                out["syncs"] = out.get("syncs", 0.0) + float(line.split()[-1])
+        scrape = await self.scrape()
+        out = {f"api:{verb}": n for verb, n in scrape.by_label("vkprovider_api_calls_total", "verb").items()}
+        out["status_writes"] = scrape.value("vkprovider_pod_status_writes_total")
+        out["syncs"] = scrape.value("vkprovider_pod_sync_seconds_count")  # every result
         return out
 
 

@@ -46,12 +46,7 @@ def _with_p99(samples: list[float]) -> dict[str, float]:
 
 
 async def _limits_hit(provider: Provider) -> dict[str, float]:
-    text = await provider._metrics()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vkprovider_kubelet_limits_hit_total{"):
-            out[line.split('limit="')[1].split('"')[0]] = float(line.split()[-1])
-    return out
+    return (await provider.scrape()).by_label("vkprovider_kubelet_limits_hit_total", "limit")
 
 
 async def _wait(probe: Any, what: str, timeout: float = 120.0) -> None:

@@ -378,8 +378,10 @@ def _inside(before: dict[str, dict[float, float]], after: dict[str, dict[float, 
         ("loop_lag", "vkprovider_event_loop_lag_seconds{}"),
         ("status_lag", "vkprovider_status_lag_seconds{}"),
     ):
+        if name not in after:  # a histogram renamed or gone must not read as "observed nothing"
+            raise RuntimeError(f"the provider no longer exposes {name}")
         for q in (0.5, 0.99, 1.0):
-            bound = bucket_quantile(before.get(name, {}), after.get(name, {}), q)
+            bound = bucket_quantile(before.get(name, {}), after[name], q)
             out[f"{label}_ms_{'max' if q == 1.0 else f'p{q * 100:.0f}'}_bucket"] = (
                 None if bound is None else bound * 1000
             )

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from e2e import binaries
+from e2e import metrics as e2e_metrics
 from e2e.fixtures import Lab
 from tests.e2e.helpers import (
     can_i,
@@ -420,16 +421,9 @@ def exposed_metric_names() -> set[str]:
     from federation.provider import FederationProvider
     from vkprovider.metrics import Metrics
 
-    metrics = Metrics()
-    FederationProvider(FederationConfig(), node_name="rules").register_metrics(metrics.registry)
-    names = set()
-    for line in generate_latest(metrics.registry).decode().splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split()
-            # This exposition names a counter with its _total already.
-            suffixes = {"counter": ["", "_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(kind, [""])
-            names |= {name + suffix for suffix in suffixes}
-    return names
+    registry = Metrics().registry
+    FederationProvider(FederationConfig(), node_name="rules").register_metrics(registry)
+    return e2e_metrics.parse(generate_latest(registry).decode()).names()
 
 
 @pytest.mark.shares_lab

@@ -40,7 +40,8 @@ def _exec_echo(lab: Lab, ns: str, word: str) -> subprocess.CompletedProcess[str]
 async def _limits_hit(proc: VkProcess) -> dict[str, float]:
     names = ["header_timeout", "pending_per_address", "connections", "streams", "message_size", "sessions"]
     names += ["sessions_per_user", "frame_size"]
-    return {n: await proc.metric(f'vkprovider_kubelet_limits_hit_total{{limit="{n}"}}') for n in names}
+    counted = (await proc.scrape()).by_label("vkprovider_kubelet_limits_hit_total", "limit")
+    return {n: counted.get(n, 0.0) for n in names}
 
 
 def _status_kib(pid: int, field: str) -> int:

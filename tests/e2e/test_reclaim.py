@@ -662,16 +662,12 @@ async def test_disabling_or_removing_a_member_drains_it_through_notices(
             return scene.member not in (await scene.proc.view())["members"]
 
         await eventually(forgotten, timeout=30, what="the removed member forgotten once drained")
-        metrics = await _metrics(scene)
-        assert 'vkprovider_reclaimed_pods_total{band="worker-min",cause="planner"' in metrics
+        scrape = await scene.proc.scrape()
+        assert scrape.value("vkprovider_reclaimed_pods_total", band="worker-min", cause="planner") >= 1
         # How long the reclaimed pods had run (issue 13: lost pod-seconds by band and cause).
-        lost = [
-            float(line.split()[-1])
-            for line in metrics.splitlines()
-            if line.startswith('vkprovider_lost_pod_seconds_total{band="worker-min",cause="planner"')
-        ]
-        assert lost and sum(lost) > 0, metrics
-        assert "vkprovider_reclaim_notices_total" in metrics and "vkprovider_reclaim_notice_seconds_bucket" in metrics
+        assert scrape.value("vkprovider_lost_pod_seconds_total", band="worker-min", cause="planner") > 0
+        assert scrape.value("vkprovider_reclaim_notices_total") >= 1
+        assert scrape.value("vkprovider_reclaim_notice_seconds_count") >= 1
     finally:
         await stop_scene(scene)
 
@@ -679,13 +675,3 @@ async def test_disabling_or_removing_a_member_drains_it_through_notices(
 async def _lendable(scene: Scene) -> bool:
     member = (await scene.proc.view())["members"].get(scene.member, {})
     return bool(member.get("enabled") and member.get("lendable"))
-
-
-async def _metrics(scene: Scene) -> str:
-    import aiohttp
-
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"http://127.0.0.1:{scene.proc.health_port}/metrics") as resp,
-    ):
-        return await resp.text()

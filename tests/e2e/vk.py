@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from e2e import ports
+from e2e import metrics, ports
 from e2e.fixtures import Lab
 
 
@@ -94,13 +94,15 @@ class VkProcess:
                 await asyncio.sleep(0.1)
         raise AssertionError(f"vkprovider not ready after {timeout}s: {self.tail()}")
 
-    async def metric(self, name: str) -> float:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{self.health_port}/metrics") as resp,
-        ):
-            text = await resp.text()
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+    async def scrape(self) -> metrics.Scrape:
+        """The provider's /metrics, parsed as Prometheus would."""
+        return await metrics.scrape(f"http://127.0.0.1:{self.health_port}/metrics")
+
+    async def metric(self, selector: str) -> float:
+        """The sum of the samples `name{label="value",...}` selects; a metric the provider does not
+        expose, or a label it does not carry, fails (e2e.metrics.MetricMissing) rather than
+        reading as 0."""
+        return (await self.scrape()).get(selector)
 
     async def view(self) -> dict[str, Any]:
         async with (
