@@ -91,12 +91,15 @@ async def install_member_cluster_crd(offline: KubeClient) -> None:
     crd = yaml.safe_load(CRD.read_text())
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     await create_or_replace(offline, path, crd)
-    for _ in range(100):
+
+    async def served() -> bool:
         try:
             await offline.list(MEMBERS)
-            return
         except (NotFound, TooManyRequests):  # the new resource is still being set up
-            await asyncio.sleep(0.1)
+            return False
+        return True
+
+    await eventually(served, timeout=30, interval=0.1, what="the MemberCluster CRD served")
 
 
 async def service_account_kubeconfig(

@@ -219,6 +219,5 @@ async def test_an_online_pod_waiting_with_a_toleration_and_required_affinity_get
             async def gone() -> bool:
                 return not await pods(client, ns)
 
-            with contextlib.suppress(AssertionError):
-                await eventually(gone, timeout=60, what=f"member-1 clear of {ns}")
+            await eventually(gone, timeout=60, what=f"member-1 clear of {ns}")
         await stop_scene(scene)
