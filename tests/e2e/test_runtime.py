@@ -63,15 +63,10 @@ async def running(client: KubeClient, ns: str, count: int, selector: str | None 
     return items if len(ok) == count and len(items) == count else None
 
 
-#: kube-controller-manager's --node-monitor-grace-period in the lab (e2e/components.py).
-NODE_MONITOR_GRACE = 40.0
-
-
 @pytest.mark.shares_lab
 async def test_node_ready_lease_and_restart(offline: KubeClient, vk: Any) -> None:
-    """Node registration and lease, then the kubelet's heartbeat contract: after a stop the node
-    stays Ready until the node-lifecycle controller's grace has passed since its last heartbeat,
-    and a restart adopts the running pod without asking the provider to create it again.
+    """Node registration and lease; a stop leaves the node Ready and its pod Running, and a
+    restart adopts the running pod without asking the provider to create it again.
     Timing is judged by the order of events and the configured intervals, not by stopwatches;
     the start-up speed is measured by bench/runtime_pods.py."""
     proc = vk()
@@ -95,19 +90,13 @@ async def test_node_ready_lease_and_restart(offline: KubeClient, vk: Any) -> Non
         before = await offline.get(f"/api/v1/namespaces/{ns}/pods/keep")
 
         assert proc.stop() == 0
-        # NotReady (Unknown: the controller manager stopped hearing from the node) comes, and
-        # only once the grace has passed since the node's last heartbeat (its lease renewal or
-        # node status write, whichever came last): until then it stayed Ready.
-        node = await eventually(
-            lambda: _not_ready_node(offline, proc.node), timeout=NODE_MONITOR_GRACE + 60, interval=1, what="NotReady"
-        )
-        lease = await offline.get(lease_path)
-        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
-        heartbeat = max(_seconds(lease["spec"]["renewTime"]), _seconds(ready["lastHeartbeatTime"]))
-        # lastTransitionTime has whole seconds: one second of rounding.
-        assert _seconds(ready["lastTransitionTime"]) >= heartbeat + NODE_MONITOR_GRACE - 1, (
-            f"NotReady at {ready['lastTransitionTime']}, last heartbeat {lease['spec']['renewTime']}"
-        )
+        # A stop (a rollout, say) leaves the node as it was: Ready, its lease held, the pod
+        # Running. When it turns NotReady is kube-controller-manager's node-lifecycle grace, not
+        # ours, and is not tested here.
+        stopped = await offline.get(f"/api/v1/nodes/{proc.node}")
+        ready = next(c for c in stopped["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True", ready
+        assert (await offline.get(f"/api/v1/namespaces/{ns}/pods/keep"))["status"]["phase"] == "Running"
 
         proc.start()
         await proc.wait_ready()
@@ -124,12 +113,6 @@ async def test_node_ready_lease_and_restart(offline: KubeClient, vk: Any) -> Non
 
 def _seconds(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-async def _not_ready_node(client: KubeClient, name: str) -> dict[str, Any] | None:
-    node = await client.get(f"/api/v1/nodes/{name}")
-    ready = next((c for c in node["status"].get("conditions", []) if c["type"] == "Ready"), None)
-    return node if ready is not None and ready["status"] != "True" else None
 
 
 async def _is(awaitable: Any, want: str) -> bool:
