@@ -31,7 +31,7 @@ from vkprovider.backoff import ExponentialBackoff
 from vkprovider.deletion import delete_in_provider, delete_orphans
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, Conflict, Gone, KubeClient, NotFound, Unreachable
-from vkprovider.kube.relist import Relist, relist
+from vkprovider.kube.relist import Expiries, Relist, relist
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, PodStatus, pod_key, split_key
 from vkprovider.podstore import PodStore
@@ -152,13 +152,16 @@ class PodController:
     async def _watch_node(self, node: str) -> None:
         params = {"fieldSelector": f"spec.nodeName={node}"}
         failures = 0
+        expiries = Expiries()
         while True:
             try:
                 into = Relist(self._observe, lambda seen: self._relisted(node, seen))  # type: ignore[arg-type]
                 rv = await relist(self._client, PODS_PATH, into, params=params)
+                expiries.listed()
                 failures = 0
                 while True:
                     async for event in self._client.watch(PODS_PATH, resource_version=rv, params=params):
+                        expiries.delivered()
                         obj: Any = event["object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
                         if event["type"] == "BOOKMARK":
@@ -172,7 +175,10 @@ class PodController:
                         else:
                             self._observe(obj)
             except Gone:
-                self._log.info("watch expired; listing again", node=node)
+                delay = expiries.expired()
+                self._metrics.errors.labels("pod-watch", "Expired").inc()
+                self._log.info("watch expired; listing again", node=node, retry_in=delay)
+                await asyncio.sleep(delay)
             except ApiError as exc:
                 failures += 1
                 self._metrics.errors.labels("pod-watch", exc.reason).inc()

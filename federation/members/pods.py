@@ -27,7 +27,7 @@ from federation.members import disruption
 from federation.members.scope import NamespaceScope
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, WriteFence
-from vkprovider.kube.relist import Relist, relist
+from vkprovider.kube.relist import Expiries, Relist, relist
 from vkprovider.objects import references
 from vkprovider.podstatus import is_terminal
 from vkprovider.podstore import PodStore
@@ -281,20 +281,23 @@ class MemberPods:
         is told after each list."""
         params = {"labelSelector": self.owner.selector()}
         failures = 0
+        expiries = Expiries()
         while True:
             try:
                 rv = await relist(client, path, into(), params=params)
+                expiries.listed()
                 failures = 0
                 if listed is not None:
                     listed()
                 while True:
                     async for event in client.watch(path, resource_version=rv, params=params):
+                        expiries.delivered()
                         obj = event["object"]
                         rv = obj.get("metadata", {}).get("resourceVersion", rv)
                         if event["type"] != "BOOKMARK":
                             self.event(event["type"], obj)
             except Gone:
-                continue
+                await asyncio.sleep(expiries.expired())
             except ApiError as exc:
                 failures += 1
                 self.failed(exc)

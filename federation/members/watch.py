@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from federation.capacity.inventory import Inventory
 from vkprovider import logs
 from vkprovider.kube import ApiError, ClusterAccess, Gone, KubeClient, NotFound
-from vkprovider.kube.relist import Relist, Whole, relist
+from vkprovider.kube.relist import Expiries, Relist, Whole, relist
 from vkprovider.podstatus import TERMINAL_PHASES
 
 NODES = "/api/v1/nodes"
@@ -139,9 +139,11 @@ class MemberWatcher:
     ) -> None:
         assert self.client is not None
         failures = 0
+        expiries = Expiries()
         while True:
             try:
                 rv = await relist(self.client, path, relisted(), params=params)
+                expiries.listed()
                 self._contact()
                 self._listed.add(kind)
                 if self._listed >= {"nodes", "pods", "topologies"}:
@@ -150,6 +152,7 @@ class MemberWatcher:
                 failures = 0
                 while True:
                     async for event in self.client.watch(path, resource_version=rv, params=params):
+                        expiries.delivered()
                         self._contact()
                         obj = event["object"]
                         rv = obj.get("metadata", {}).get("resourceVersion", rv)
@@ -161,7 +164,7 @@ class MemberWatcher:
                             upsert(obj)
                         self._on_change()
             except Gone:
-                continue
+                await asyncio.sleep(expiries.expired())
             except NotFound:
                 # The resource type does not exist here (no NodeResourceTopology CRD): nothing
                 # to watch, but the member is fine.

@@ -91,3 +91,21 @@ def test_decoded_objects_leave_managed_fields_out() -> None:
     assert single == {"metadata": {"name": "p"}, "status": {"phase": "Running"}}
     event = client._watch_event(json.dumps({"type": "MODIFIED", "object": pod}).encode())
     assert event["object"]["metadata"] == {"name": "p"}
+
+
+def test_an_expiry_after_events_lists_again_at_once_and_one_right_after_a_list_backs_off() -> None:
+    from vkprovider.kube.relist import Expiries
+
+    expiries = Expiries(base=0.2, cap=1.0)
+    expiries.listed()
+    expiries.delivered()
+    assert expiries.expired() == 0.0  # a long watch's normal end
+    waits = []
+    for _ in range(5):  # each list's watch expires before delivering anything
+        expiries.listed()
+        waits.append(expiries.expired())
+    assert waits == [0.2, 0.4, 0.8, 1.0, 1.0]
+    expiries.listed()
+    expiries.delivered()  # the watch works again: the next expiry is normal
+    assert expiries.expired() == 0.0
+    assert expiries.relists == 7

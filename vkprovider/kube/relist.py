@@ -62,3 +62,40 @@ async def relist(
         version = str((page.get("metadata") or {}).get("resourceVersion") or version)
     into.done()
     return version
+
+
+class Expiries:
+    """When a list-then-watch loop lists again after its watch expired (410 Gone).
+
+    An expiry after a watch that delivered something is the normal end of a long watch: list
+    again at once. One right after a list, before any event, means the apiserver cannot serve a
+    watch from where a list ends (its watch window is shorter than a list takes: a small cache
+    under churn, a compaction, a restarted apiserver behind a balancer): listing again at once
+    would list in a tight loop, each list as costly as the first, so the wait doubles from
+    `base` up to `cap` until a watch delivers again. `relists` counts the lists taken for
+    expiries, for the loop's metrics and tests.
+    """
+
+    def __init__(self, *, base: float = 0.2, cap: float = 5.0) -> None:
+        self.base, self.cap = base, cap
+        self.relists = 0
+        self._in_a_row = 0
+        self._delivered = False
+
+    def listed(self) -> None:
+        """A list began a new watch: nothing delivered yet."""
+        self._delivered = False
+
+    def delivered(self) -> None:
+        """The watch delivered an event or a bookmark: it works from where the list ended."""
+        self._delivered = True
+        self._in_a_row = 0
+
+    def expired(self) -> float:
+        """Seconds to wait before listing again after a 410."""
+        self.relists += 1
+        if self._delivered:
+            self._in_a_row = 0
+            return 0.0
+        self._in_a_row += 1
+        return float(min(self.cap, self.base * 2.0 ** (self._in_a_row - 1)))
