@@ -74,6 +74,32 @@ def pod(
     return body
 
 
+async def changes_during(
+    client: KubeClient, path: str, *, since: str, window: float, params: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Every change (ADDED, MODIFIED, DELETED) to the objects under `path` after resourceVersion
+    `since` until `window` seconds from now: a watch from that version, so nothing that happened
+    in between is missed, where a sleep and one look would miss a change undone before the look.
+    The lab's watch cache keeps far more than a test's window; a 410 fails the test."""
+    found: list[dict[str, Any]] = []
+    version = since
+    deadline = time.monotonic() + window
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(window):
+            while True:  # the server may end a watch early: go on from the last version seen
+                left = max(1, int(deadline - time.monotonic()) + 1)
+                async for event in client.watch(path, resource_version=version, params=params, timeout_seconds=left):
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        found.append(dict(event))
+    return found
+
+
+async def listed_version(client: KubeClient, path: str) -> str:
+    """The resourceVersion of a list of `path` now: where `changes_during` starts from."""
+    return str((await client.list(path, params={"limit": "1"}))["metadata"]["resourceVersion"])
+
+
 async def pods(client: KubeClient, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
     params = {"labelSelector": selector} if selector else None
     result = await client.list(f"/api/v1/namespaces/{namespace}/pods", params=params)

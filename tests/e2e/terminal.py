@@ -41,6 +41,23 @@ class Terminal:
         self._cursor = at + len(text)
         return self.output.decode(errors="replace")
 
+    def ask_until(self, command: bytes, answer: str, timeout: float = 30.0, every: float = 0.5) -> str:
+        """Send `command` until `answer` appears after what earlier calls matched (something that
+        happens on its own, such as a resize reaching the far side, is waited on by asking again,
+        not by sleeping); all read so far."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.send(command)
+            until = min(deadline, time.monotonic() + every)
+            while (at := self.output.find(answer.encode(), self._cursor)) < 0:
+                left = until - time.monotonic()
+                if left <= 0 or not self._read(left):
+                    break
+            else:
+                self._cursor = at + len(answer)
+                return self.output.decode(errors="replace")
+        raise AssertionError(f"no {answer!r} on the terminal; it shows {self.output.decode(errors='replace')!r}")
+
     def _read(self, timeout: float) -> bool:
         ready, _, _ = select.select([self._leader], [], [], timeout)
         if not ready:

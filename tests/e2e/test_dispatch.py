@@ -18,7 +18,7 @@ import pytest_asyncio
 from e2e.fixtures import Lab
 from federation import jobs, labels
 from federation.jobs import JobRef
-from tests.e2e.helpers import KILL_TRIALS, delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import KILL_TRIALS, changes_during, delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import MemberWatch, partial_spans
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess
@@ -628,8 +628,16 @@ async def test_elastic_job_starts_its_minimum_then_grows_as_online_load_falls(
             return await running_count() == n
 
         await eventually(lambda: exactly(4), timeout=60, what="the minimum of 4 running together")
-        await asyncio.sleep(3)
-        assert await running_count() == 4  # no room for more while online load is high
+        # No room for more while online load is high: from a list with exactly 4 running, three
+        # seconds watched (every change seen), and no other pod starts.
+        listed = await offline.list(f"/api/v1/namespaces/{ns}/pods")
+        first = {p["metadata"]["name"] for p in listed["items"] if p["status"].get("phase") == "Running"}
+        assert len(first) == 4, first
+        changes = await changes_during(
+            offline, f"/api/v1/namespaces/{ns}/pods", since=listed["metadata"]["resourceVersion"], window=3
+        )
+        started = {e["object"]["metadata"]["name"] for e in changes if e["object"]["status"].get("phase") == "Running"}
+        assert started <= first, started - first
         for step, replicas in enumerate(range(15, 7, -1), start=1):
             await online_replicas(replicas)
             wanted = 4 + step

@@ -44,7 +44,7 @@ PLUGIN = f"#!{sys.executable}\n" + textwrap.dedent(
     n = int(runs.read_text()) + 1 if runs.exists() else 1
     runs.write_text(str(n))
     with open(state / "times", "a") as times:
-        times.write(f"{time.time()}\n")
+        times.write(f"{time.time()}\\n")
     if (state / "broken").exists():
         print("error: the token service is unavailable", file=sys.stderr)
         sys.exit(3)

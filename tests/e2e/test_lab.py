@@ -13,7 +13,15 @@ import pytest
 from e2e import lab as lab_mod
 from e2e import nodes as lab_nodes
 from e2e.fixtures import Lab
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pod, pods
+from tests.e2e.helpers import (
+    changes_during,
+    delete_namespace,
+    eventually,
+    listed_version,
+    make_namespace,
+    pod,
+    pods,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -130,11 +138,12 @@ async def test_native_gang_binds_all_together(lab: Lab) -> None:
         ns = await make_namespace(client, f"gang-{uuid.uuid4().hex[:6]}")
         try:
             await client.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", _native_gang("g", 4))
+            since = await listed_version(client, f"/api/v1/namespaces/{ns}/pods")
             for i in range(3):
                 await client.create(f"/api/v1/namespaces/{ns}/pods", _gang_pod(f"w{i}", "g", {"cpu": "1", GPU: "1"}))
-            # Three of four: the gang must wait, none bound.
-            await asyncio.sleep(3)
-            assert _bound(await pods(client, ns)) == []
+            # Three of four: the gang must wait, none bound at any moment of three seconds (watched).
+            changes = await changes_during(client, f"/api/v1/namespaces/{ns}/pods", since=since, window=3)
+            assert _bound([e["object"] for e in changes]) == []
             await client.create(f"/api/v1/namespaces/{ns}/pods", _gang_pod("w3", "g", {"cpu": "1", GPU: "1"}))
 
             async def all_running() -> bool:

@@ -173,10 +173,8 @@ async def test_attach_cp_port_forward_and_a_terminal_reach_the_member_pod(
         term = Terminal([*front, "exec", "-it", "worker", "--", "sh"], rows=40, cols=120)
         await asyncio.to_thread(term.send, b"stty size\n")
         await asyncio.to_thread(term.expect, "40 120")
-        term.resize(50, 100)
-        await asyncio.sleep(0.5)  # kubectl sends the new size on its own; nothing to wait on
-        await asyncio.to_thread(term.send, b"stty size\n")
-        await asyncio.to_thread(term.expect, "50 100")
+        term.resize(50, 100)  # kubectl sends the new size on its own: ask until it has arrived
+        await asyncio.to_thread(term.ask_until, b"stty size\n", "50 100")
         await asyncio.to_thread(term.send, b"\x04")
         assert await asyncio.to_thread(term.wait) == 0, term.output
     finally:

@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from e2e.fixtures import Lab
 from federation.labels import INSTANCE, MANAGED
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import changes_during, delete_namespace, eventually, make_namespace, pods
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.test_dispatch import cleanup, cleanup_and_stop, start_synced
 from tests.e2e.test_federation_capacity import PUBLISH_INTERVAL, UNREACHABLE_GRACE, federation_vk
@@ -115,14 +115,34 @@ async def test_default_level_refuses_host_access_before_any_member_sees_it(
         for name, (_, field) in FORBIDDEN.items():
             assert events[name]["type"] == "Warning" and field in events[name]["message"]
 
-        # Not retried: nothing changes any more, nothing reached a member.
-        await asyncio.sleep(3)
-        again = {p["metadata"]["name"]: p for p in await pods(offline, ns)}
-        for name in FORBIDDEN:
-            assert again[name]["status"]["reason"] == REASON
-            assert again[name]["metadata"]["resourceVersion"] == items[name]["metadata"]["resourceVersion"], name
-        listed = await offline.list(f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": f"reason={REASON}"})
-        assert len(listed["items"]) == len(FORBIDDEN)
+        # Not retried: from the refusals on, for three seconds, watched (every change seen, not
+        # one look after a sleep), no refused pod changes and no further Event is written.
+        since = min(int(items[name]["metadata"]["resourceVersion"]) for name in FORBIDDEN)
+        pod_changes, event_changes = await asyncio.gather(
+            changes_during(offline, f"/api/v1/namespaces/{ns}/pods", since=str(since), window=3),
+            changes_during(
+                offline,
+                f"/api/v1/namespaces/{ns}/events",
+                since=str(since),
+                window=3,
+                params={"fieldSelector": f"reason={REASON}"},
+            ),
+        )
+        refused_at = {name: int(items[name]["metadata"]["resourceVersion"]) for name in FORBIDDEN}
+        changed = [
+            (e["type"], meta["name"])
+            for e in pod_changes
+            if (meta := e["object"]["metadata"])["name"] in refused_at
+            and int(meta["resourceVersion"]) > refused_at[meta["name"]]
+        ]
+        assert changed == [], changed
+        known = {e["metadata"]["uid"]: int(e["metadata"]["resourceVersion"]) for e in events.values()}
+        again = [
+            e["object"]["message"]
+            for e in event_changes
+            if int(e["object"]["metadata"]["resourceVersion"]) > known.get(e["object"]["metadata"]["uid"], 0)
+        ]
+        assert again == [], f"{REASON} Events written again (or counted again): {again}"
         watch.check()
         reached = {s.name for s in watch.history if s.namespace == ns}
         assert reached == {"plain"}, f"member(s) saw {reached}"

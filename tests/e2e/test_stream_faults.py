@@ -99,8 +99,10 @@ async def test_a_reader_that_stops_reading_does_not_grow_the_providers_memory(
         taken = 0
         while taken < 8 * 1024 * 1024:
             taken += len(await asyncio.wait_for(reader.stdout.read(1 << 20), timeout=30))
-        await asyncio.sleep(2)
-        assert rss(pid_of(proc)) - before < SLOW_READER_BOUND
+        for _ in range(4):  # 2 s of looks, as above: the worst of them is what counts
+            await asyncio.sleep(0.5)
+            peak = max(peak, rss(pid_of(proc)) - before)
+        assert peak < SLOW_READER_BOUND, f"grew {peak} bytes after a partial read"
         reader.kill()
         await reader.communicate()  # drains the pipe: wait() alone waits for its end forever
         await eventually(

@@ -66,7 +66,11 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
             return len(uids) == PODS_RUN and all((uid, "DELETED") in kinds for uid in uids)
 
         await eventually(all_gone, timeout=60, what="the member pods gone")
-        await asyncio.sleep(2.5)  # the provider sees the same events; let it recompute once more
+
+        async def recomputed() -> bool:  # the provider saw the same deletions: it uses nothing there
+            return await proc.metric('vkprovider_member_used{member="member-2",resource="cpu"}') == 0.0
+
+        await eventually(recomputed, timeout=30, what="the provider's use of member-2 back to 0")
         after = (await proc.metric(used_cpu), await proc.metric(used_gpu))
         watch.check()
 
