@@ -182,8 +182,22 @@ class Cover:
             return
         fewest = self._fewest_victims(tier, rem)
         best = min((o for o in options if o[0] <= fewest), key=lambda o: (o[1], o[2]), default=None)
-        if best is not None:
-            self._empty(best[2], best[3])
+        if best is None or (best[0] == 1 and self._smaller_single(tier, rem, best[1])):
+            return  # a machine bigger than the need is not bought when one smaller pod would do
+        self._empty(best[2], best[3])
+
+    def _smaller_single(self, tier: int, rem: list[int], beyond: float) -> bool:
+        """Whether one pod that may go alone at this tier frees `rem` and less beyond it."""
+        taken, tiers = self.state.taken, self.tiers
+        for t in range(min(tier, GANG - 1) + 1):
+            for i in self.buckets[t]:
+                if taken[i] or tiers[i] > tier:
+                    continue
+                amounts = [col[i] for col in self.amounts]
+                covers = all(a >= r for a, r in zip(amounts, rem, strict=True))
+                if covers and sum(a / r for a, r in zip(amounts, rem, strict=True) if r > 0) < beyond:
+                    return True
+        return False
 
     def _covers_without(self, total: list[int], members: list[int], rem: list[int]) -> bool:
         return all(t - sum(col[k] for k in members) >= r for t, col, r in zip(total, self.amounts, rem, strict=True))

@@ -275,16 +275,22 @@ class Ledger:
             if single is not None:
                 got, v = freed.get(single[0], 0), single[1]
                 cover, size = (got if got < v else v) / v, got / v
+                within = got <= v
             else:
                 cover = size = 0.0
+                within = True
                 for name, v in wanted:
                     got = freed.get(name, 0)
                     cover += (got if got < v else v) / v
                     size += got / v
+                    within = within and got <= v
             keyed.append(
                 (
-                    # the last of ours there first (empties a machine), then the last in its NUMA zone
-                    (node_left[p.node] != 1) * 2 + (True if p.numa_zone is None else not self.numa_whole(i)),
+                    # the last of ours there first (empties a machine), then the last in its NUMA zone;
+                    # a machine only where the need is its worth or more: one bigger than the need
+                    # ranks as any pod, so a smaller pod that does is taken instead
+                    (node_left[p.node] != 1 or not within) * 2
+                    + (True if p.numa_zone is None else not self.numa_whole(i)),
                     homogeneity,
                     p.deletion_cost,
                     -cover,

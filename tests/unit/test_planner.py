@@ -226,6 +226,24 @@ NODES = [node("n1", np="np0"), node("n2", np="np0"), node("n3", np="np1"), node(
             ["b1"],
         ),
         (
+            "a machine bigger than the need is not taken when a smaller pod does (issue 40): 4 cores of 96",
+            [pod("whole", "n1", 96), pod("s1", "n2", 4), pod("s2", "n2", 4)],
+            cores(4),
+            ["s1"],
+        ),
+        (
+            "a machine bigger than the need when nothing smaller does: its one pod",
+            [pod("whole", "n1", 96), pod("s1", "n2", 4)],
+            cores(6),
+            ["whole"],
+        ),
+        (
+            "a pod bigger than the need before several smaller ones: the fewest victims",
+            [pod("s1", "n1", 4), pod("s2", "n1", 4), pod("s3", "n1", 4), pod("big", "n2", 40)],
+            cores(10),
+            ["big"],
+        ),
+        (
             "a noticed pod that is no longer enough is kept, one more is added, nothing spare",
             [pod("old", "n1", 4, noticed=True), pod("x", "n2", 8), pod("y", "n3", 4)],
             cores(8),
