@@ -72,9 +72,12 @@ def _seconds(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def records(lab: LabState, cluster: str, *, users: set[str] | None = None) -> list[AuditRecord]:
-    """The cluster's audit records (of `users`, if given), in the order the apiserver wrote them."""
-    path = lab.root / "clusters" / cluster / "audit.log"
+def records(
+    lab: LabState, cluster: str, *, users: set[str] | None = None, log: Path | None = None
+) -> list[AuditRecord]:
+    """The cluster's audit records (of `users`, if given), in the order the apiserver wrote them;
+    from `log` instead of the cluster's own, for another apiserver of that cluster."""
+    path = log or lab.root / "clusters" / cluster / "audit.log"
     out: list[AuditRecord] = []
     if not path.exists():
         return out

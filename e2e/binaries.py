@@ -1,4 +1,4 @@
-"""Control-plane binaries (and helm, for the chart tests), built from the pinned Go tools modules
+"""Control-plane binaries (and helm and promtool, for the chart tests), built from the pinned Go tools modules
 under `e2e/tools/` into a per-user cache keyed by what determines the build, so they are rebuilt
 only when a pin changes.
 
@@ -30,11 +30,12 @@ BINARIES = {
     "kubectl": "k8s",
     "kwok": "kwok",
     "helm": "helm",
+    "promtool": "promtool",
 }
 
 #: Built like the others for the tests (the chart tests' client), but never run by the lab, so a
 #: `--bin-dir` need not hold them.
-NOT_RUN_BY_LAB = frozenset({"helm"})
+NOT_RUN_BY_LAB = frozenset({"helm", "promtool"})
 
 
 class BinaryError(RuntimeError):
@@ -117,6 +118,13 @@ def tool_builds() -> dict[str, ToolBuild]:
             main_module=helm.main_module,
             packages=helm.packages,
             ldflags=_helm_ldflags(helm.version(), helm.required_version("k8s.io/client-go")),
+        ),
+        # The chart's alert rules are checked and unit-tested by Prometheus's own tool.
+        "promtool": ToolBuild(
+            module="promtool",
+            main_module="github.com/prometheus/prometheus",
+            packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+            ldflags=("-s", "-w"),
         ),
     }
 

@@ -55,6 +55,9 @@ class Browser:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._ids = itertools.count(1)
         self._events: list[dict[str, Any]] = []
+        #: What the page threw or logged as an error (Runtime.exceptionThrown, console.error),
+        #: as "message (url:line)", in order: a test fails on any (`check_errors`).
+        self.errors: list[str] = []
 
     async def __aenter__(self) -> Browser:
         self.profile.mkdir(parents=True, exist_ok=True)
@@ -104,6 +107,22 @@ class Browser:
                         raise RuntimeError(f"{method}: {message['error']}")
                     return dict(message.get("result") or {})
                 self._events.append(message)
+                self._page_error(message)
+
+    def _page_error(self, message: dict[str, Any]) -> None:
+        params = message.get("params") or {}
+        if message.get("method") == "Runtime.exceptionThrown":
+            details = params.get("exceptionDetails") or {}
+            text = (details.get("exception") or {}).get("description") or details.get("text", "")
+            self.errors.append(f"{text} ({details.get('url', '')}:{details.get('lineNumber', '?')})")
+        elif message.get("method") == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            self.errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+
+    async def check_errors(self) -> None:
+        """Fail if the page has thrown or logged an error so far (events up to now included)."""
+        await self.send("Runtime.evaluate", {"expression": "1"})  # lets pending events arrive
+        if self.errors:
+            raise AssertionError(f"the page reported {len(self.errors)} error(s): {self.errors}")
 
     async def goto(self, url: str) -> None:
         self._events.clear()

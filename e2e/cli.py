@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--wait", action="store_true", help="return once the replicas are Running")
     load.add_argument("--state", type=Path, required=True)
 
-    sub.add_parser("build", help="build (or find in the cache) the control-plane binaries and helm")
+    sub.add_parser("build", help="build (or find in the cache) the control-plane binaries, helm and promtool")
     return parser
 
 

@@ -151,19 +151,16 @@ class PodController:
 
     async def _watch_node(self, node: str) -> None:
         params = {"fieldSelector": f"spec.nodeName={node}"}
-        failures = 0
-        expiries = Expiries()
+        failures, expiries = 0, Expiries()
         while True:
             try:
                 into = Relist(self._observe, lambda seen: self._relisted(node, seen))  # type: ignore[arg-type]
-                rv = await relist(self._client, PODS_PATH, into, params=params)
-                expiries.listed()
+                rv = expiries.listed(await relist(self._client, PODS_PATH, into, params=params))
                 failures = 0
                 while True:
                     async for event in self._client.watch(PODS_PATH, resource_version=rv, params=params):
-                        expiries.delivered()
                         obj: Any = event["object"]
-                        rv = obj["metadata"].get("resourceVersion", rv)
+                        rv = expiries.delivered(obj["metadata"].get("resourceVersion", rv))
                         if event["type"] == "BOOKMARK":
                             continue
                         if event["type"] == "DELETED":
@@ -175,10 +172,7 @@ class PodController:
                         else:
                             self._observe(obj)
             except Gone:
-                delay = expiries.expired()
-                self._metrics.errors.labels("pod-watch", "Expired").inc()
-                self._log.info("watch expired; listing again", node=node, retry_in=delay)
-                await asyncio.sleep(delay)
+                await expiries.wait(self._log, node=node)
             except ApiError as exc:
                 failures += 1
                 self._metrics.errors.labels("pod-watch", exc.reason).inc()

@@ -26,6 +26,7 @@ from vkprovider.httpapi.limits import ConnectionGuard, GuardedSite, StreamLimits
 from vkprovider.httpapi.server import KubeletApi, health_app, kubelet_auth, tls_context
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient, WriteFence, load_kubeconfig
 from vkprovider.kube.access import in_cluster
+from vkprovider.kube.client import set_watch_timeout
 from vkprovider.lease import LeaseController
 from vkprovider.memory import MemoryProvider, MemorySettings
 from vkprovider.metrics import Metrics
@@ -130,6 +131,7 @@ class Runtime:
         settings = self.settings
         node_name = settings.node.name
         access = self._access or cluster_access(settings)
+        set_watch_timeout(settings.kube.watch_timeout)
         # One fence for every client of this process (the provider's member clients take it
         # from this one): losing leadership closes it before anything else can write.
         client = KubeClient(

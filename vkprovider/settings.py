@@ -25,6 +25,13 @@ class KubeSettings(_Section):
     kubeconfig: Path | None = Field(None, description="Kubeconfig of the front-end cluster; unset: in-cluster account.")
     context: str | None = Field(None, description="Context in the kubeconfig; unset: its current context.")
     request_timeout: float = Field(30.0, description="Seconds before an API request is abandoned.")
+    watch_timeout: float = Field(
+        300.0,
+        description="Seconds a watch lasts before it is opened again from where it was, each drawn from "
+        "[this, twice this) so watches of many processes do not end together (client-go: 5-10 minutes); "
+        "every apiserver the process talks to, the members' too.",
+        ge=1.0,
+    )
 
 
 class NodeSettings(_Section):

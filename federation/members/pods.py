@@ -280,24 +280,21 @@ class MemberPods:
         watch lists again, a failure is reported (`failed`) and retried with backoff; `listed`
         is told after each list."""
         params = {"labelSelector": self.owner.selector()}
-        failures = 0
-        expiries = Expiries()
+        failures, expiries = 0, Expiries()
         while True:
             try:
-                rv = await relist(client, path, into(), params=params)
-                expiries.listed()
+                rv = expiries.listed(await relist(client, path, into(), params=params))
                 failures = 0
                 if listed is not None:
                     listed()
                 while True:
                     async for event in client.watch(path, resource_version=rv, params=params):
-                        expiries.delivered()
                         obj = event["object"]
-                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        rv = expiries.delivered(obj.get("metadata", {}).get("resourceVersion", rv))
                         if event["type"] != "BOOKMARK":
                             self.event(event["type"], obj)
             except Gone:
-                await asyncio.sleep(expiries.expired())
+                await expiries.wait(self._log, path=path)
             except ApiError as exc:
                 failures += 1
                 self.failed(exc)

@@ -138,12 +138,10 @@ class MemberWatcher:
         failed: Callable[[Exception], None] = lambda error: None,
     ) -> None:
         assert self.client is not None
-        failures = 0
-        expiries = Expiries()
+        failures, expiries = 0, Expiries()
         while True:
             try:
-                rv = await relist(self.client, path, relisted(), params=params)
-                expiries.listed()
+                rv = expiries.listed(await relist(self.client, path, relisted(), params=params))
                 self._contact()
                 self._listed.add(kind)
                 if self._listed >= {"nodes", "pods", "topologies"}:
@@ -152,10 +150,9 @@ class MemberWatcher:
                 failures = 0
                 while True:
                     async for event in self.client.watch(path, resource_version=rv, params=params):
-                        expiries.delivered()
                         self._contact()
                         obj = event["object"]
-                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        rv = expiries.delivered(obj.get("metadata", {}).get("resourceVersion", rv))
                         if event["type"] == "BOOKMARK":
                             continue
                         if event["type"] == "DELETED":
@@ -164,7 +161,7 @@ class MemberWatcher:
                             upsert(obj)
                         self._on_change()
             except Gone:
-                await asyncio.sleep(expiries.expired())
+                await expiries.wait(self._log, kind=kind)
             except NotFound:
                 # The resource type does not exist here (no NodeResourceTopology CRD): nothing
                 # to watch, but the member is fine.

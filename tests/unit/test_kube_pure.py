@@ -97,15 +97,15 @@ def test_an_expiry_after_events_lists_again_at_once_and_one_right_after_a_list_b
     from vkprovider.kube.relist import Expiries
 
     expiries = Expiries(base=0.2, cap=1.0)
-    expiries.listed()
-    expiries.delivered()
+    expiries.listed("1")
+    expiries.delivered("2")
     assert expiries.expired() == 0.0  # a long watch's normal end
     waits = []
     for _ in range(5):  # each list's watch expires before delivering anything
-        expiries.listed()
+        expiries.listed("3")
         waits.append(expiries.expired())
     assert waits == [0.2, 0.4, 0.8, 1.0, 1.0]
-    expiries.listed()
-    expiries.delivered()  # the watch works again: the next expiry is normal
+    expiries.listed("4")
+    expiries.delivered("5")  # the watch works again: the next expiry is normal
     assert expiries.expired() == 0.0
     assert expiries.relists == 7

@@ -16,6 +16,7 @@ import asyncio
 import builtins
 import contextlib
 import json
+import random
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, TypedDict
@@ -40,6 +41,22 @@ Params = Mapping[str, str | int | bool | None]
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 #: Items per page of a paged list: client-go's default, what apiservers are tuned for.
 PAGE_SIZE = 500
+
+#: A watch's base length in seconds (settings kube.watch_timeout), for every client of the
+#: process: set once at start-up by `set_watch_timeout`.
+_WATCH_TIMEOUT = [300.0]
+
+
+def set_watch_timeout(seconds: float) -> None:
+    """The base length of every watch this process opens from now on."""
+    _WATCH_TIMEOUT[0] = seconds
+
+
+def watch_timeout() -> int:
+    """A watch's length: drawn from [base, 2 x base), as client-go does, so the watches of many
+    processes (and of one process's many loops) do not all end and reopen at once."""
+    base = _WATCH_TIMEOUT[0]
+    return max(1, int(base * (1.0 + random.random())))
 
 
 class WatchEvent(TypedDict):
@@ -253,12 +270,14 @@ class KubeClient:
         *,
         resource_version: str | None = None,
         params: Params | None = None,
-        timeout_seconds: int = 300,
+        timeout_seconds: int | None = None,
     ) -> AsyncIterator[WatchEvent]:
         """Stream watch events until the server closes the watch (normal after timeout_seconds).
 
         Raises Gone when the resourceVersion is too old, so the caller lists again.
         """
+        if timeout_seconds is None:
+            timeout_seconds = watch_timeout()
         query: dict[str, str | int | bool | None] = dict(params or {})
         query.update(
             watch=True,

@@ -12,6 +12,7 @@ updated by the pages so far, as it held the old state alone before.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -82,14 +83,17 @@ class Expiries:
         self._in_a_row = 0
         self._delivered = False
 
-    def listed(self) -> None:
-        """A list began a new watch: nothing delivered yet."""
+    def listed(self, version: str) -> str:
+        """A list (ending at `version`, returned) begins a new watch: nothing delivered yet."""
         self._delivered = False
+        return version
 
-    def delivered(self) -> None:
-        """The watch delivered an event or a bookmark: it works from where the list ended."""
+    def delivered(self, version: str) -> str:
+        """The watch delivered an event or a bookmark (at `version`, returned): it works from
+        where the list ended."""
         self._delivered = True
         self._in_a_row = 0
+        return version
 
     def expired(self) -> float:
         """Seconds to wait before listing again after a 410."""
@@ -99,3 +103,9 @@ class Expiries:
             return 0.0
         self._in_a_row += 1
         return float(min(self.cap, self.base * 2.0 ** (self._in_a_row - 1)))
+
+    async def wait(self, log: Any, **context: object) -> None:
+        """After a 410: say so and wait as `expired` says before listing again."""
+        delay = self.expired()
+        log.info("watch expired; listing again", retry_in=delay, **context)
+        await asyncio.sleep(delay)
