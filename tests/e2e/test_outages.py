@@ -25,7 +25,7 @@ from e2e import lab as lab_mod
 from e2e.fixtures import Lab
 from federation import labels
 from tests.e2e.helpers import changes_during, eventually, listed_version, make_namespace, pods
-from tests.e2e.test_dispatch import cleanup_and_stop
+from tests.e2e.test_dispatch import cleanup_and_stop, gang_pod, pod_group
 from tests.e2e.test_federation_capacity import UNREACHABLE_GRACE, federation_vk
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import ApiError, KubeClient, NotFound
@@ -131,10 +131,14 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
     await start_provider(proc, 1)
     ns = await make_namespace(offline, f"blip-{uuid.uuid4().hex[:6]}")
     try:
-        names = [f"run-{i:02d}" for i in range(20)]
+        singles = [f"run-{i:02d}" for i in range(20)]
+        trio = [f"trio-{i}" for i in range(3)]  # one job of three pods (a PodGroup)
+        names = singles + trio
         done = [f"done-{i:03d}" for i in range(COMPLETING)]
         doomed = ["del-0", "del-1"]
-        bodies = [plain_pod(name, proc.node) for name in names + doomed]
+        await offline.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", pod_group("trio", 3, {}))
+        bodies = [plain_pod(name, proc.node) for name in singles + doomed]
+        bodies += [gang_pod(name, proc.node, "trio", 0) for name in trio]
         bodies += [plain_pod(name, proc.node, {"vkprovider.io/sim-complete-after": "40s"}) for name in done]
         await create_pods(offline, ns, bodies)
         total = len(bodies)
@@ -193,8 +197,11 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
             f"/api/v1/namespaces/{ns}/events", params={"fieldSelector": "reason=MemberUnreachable"}
         )
         told = sorted(e["involvedObject"]["name"] for e in listed["items"])
-        # Each of these pods is its own job (no owner): one Warning Event each, not one per probe.
-        assert told == sorted(names + done + doomed), told
+        # Each plain pod is its own job (no owner): one Warning Event each, not one per probe; the
+        # trio's three pods are one job: one Event, on its PodGroup, naming its three pods.
+        assert told == sorted(singles + done + doomed + ["trio"]), told
+        group = [e for e in listed["items"] if e["involvedObject"]["name"] == "trio"]
+        assert group[0]["involvedObject"]["kind"] == "PodGroup" and "3 pod(s)" in group[0]["message"], group
         assert all(e["type"] == "Warning" and e.get("count", 1) == 1 for e in listed["items"])
 
         async def deletions_reached_member() -> dict[str, dict[str, Any]] | None:

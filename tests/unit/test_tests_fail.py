@@ -9,6 +9,7 @@ those. A failure collected to be raised later is allowed where named below, with
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,3 +87,22 @@ def e():
 """
     found = _swallows(ast.parse(source), "t.py")
     assert sorted(int(line.split(":")[1]) for line in found) == [6, 9, 22], found
+
+
+def test_every_test_the_readme_names_for_a_claim_exists() -> None:
+    """The README's table of claims and their tests names files and tests that exist."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("### Claims and their tests")
+    table = readme[start : readme.index("\n## ", start)]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) >= 20
+    for row in rows:
+        named = re.findall(r"`([^`]+)`", row.split("|")[2])
+        assert named, row
+        path = None
+        for ref in named:
+            file, _, test = ref.partition("::")
+            path = ROOT / "tests" / file if file else path
+            assert path is not None and path.is_file(), ref
+            if test:
+                assert re.search(rf"^(async )?def {re.escape(test)}\(", path.read_text(), re.MULTILINE), ref
