@@ -114,6 +114,28 @@ def _uses_lab(item: pytest.Item) -> bool:
     return item.get_closest_marker("e2e") is not None or "lab" in getattr(item, "fixturenames", ())
 
 
+#: The clusters a test can take turns at: the front end and each member.
+CLUSTERS = ("offline", *(f"member-{i}" for i in range(1, MEMBERS + 1)))
+#: Tests alone on this member and sharing the rest run one after another in one worker, while
+#: the other worker runs the tests that keep away from it (the reclaim scenes fill it).
+CHAIN = "member-1"
+
+
+def turn_of(item: pytest.Item) -> tuple[frozenset[str], frozenset[str]]:
+    """The clusters a lab test takes alone and those it shares: `lab_turn(alone=..., shares=...)`
+    names them; `shares_lab` shares every cluster; a test with neither takes every one alone."""
+    mark = item.get_closest_marker("lab_turn")
+    if mark is not None:
+        alone, shares = frozenset(mark.kwargs.get("alone", ())), frozenset(mark.kwargs.get("shares", ()))
+        unknown = (alone | shares) - set(CLUSTERS)
+        if unknown or not (alone | shares):
+            raise pytest.UsageError(f"{item.nodeid}: lab_turn names {sorted(unknown) or 'no cluster'}")
+        return alone, shares
+    if item.get_closest_marker("shares_lab"):
+        return frozenset(), frozenset(CLUSTERS)
+    return frozenset(CLUSTERS), frozenset()
+
+
 @pytest.fixture(autouse=True)
 def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A lab test's turn at the shared lab (e2e.turns), held from before its first fixture to
@@ -123,27 +145,34 @@ def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         return
     reuse = os.environ.get("VKPROVIDER_LAB_STATE")
     where = Path(reuse) if reuse else _run_root(tmp_path_factory)
-    with turns.turn(where, alone=request.node.get_closest_marker("shares_lab") is None):
+    alone, shares = turn_of(request.node)
+    with turns.turn(where, alone=alone, shares=shares):
         yield
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, order the run so that turns waste little: one lab test first (its worker
-    starts the lab while the other runs the tests that need no lab), then the lab tests that
-    must run alone (the workers take turns), then the sharing ones (side by side). Sorting is
-    stable and the same in every worker, as xdist requires."""
+    """Under xdist, order the run so that turns waste little. First the chain: the tests alone
+    on member-1 alone, one xdist group (`--dist loadgroup`), so one worker runs them back to
+    back from the start (the first of them starts the lab). The other worker meanwhile runs the
+    tests that need no lab, then the lab tests that keep away from member-1; then every other
+    test that runs alone (the workers take turns), then the sharing ones (side by side).
+    Sorting is stable and the same in every worker, as xdist requires."""
     if not WORKER:
         return
 
     def rank(item: pytest.Item) -> int:
         if not _uses_lab(item):
             return 1
-        return 3 if item.get_closest_marker("shares_lab") else 2
+        alone, shares = turn_of(item)
+        if alone == {CHAIN}:
+            item.add_marker(pytest.mark.xdist_group(CHAIN))
+            return 0
+        if CHAIN not in alone | shares:
+            return 2
+        return 4 if not alone else 3
 
     ranks = {id(item): rank(item) for item in items}
-    first = next((item for item in items if ranks[id(item)] == 2), None)
-    if first is not None:
-        ranks[id(first)] = 0
     items.sort(key=lambda item: ranks[id(item)])
 
 

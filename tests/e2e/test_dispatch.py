@@ -89,11 +89,11 @@ def pod_group(name: str, min_count: int, annotations: dict[str, str]) -> dict[st
     }
 
 
-def member_2_never_binds(lab: Lab, workdir: Path) -> VkProcess:
-    """A provider over every member that prefers member-2, whose pods name a scheduler member-2
-    does not run: a gang sent there is never bound."""
+def member_2_never_binds(lab: Lab, workdir: Path, members: list[str] | None = None) -> VkProcess:
+    """A provider over `members` (every member by default) that prefers member-2, whose pods name
+    a scheduler member-2 does not run: a gang sent there is never bound."""
     weights = {"member-1": 1, "member-2": 10, "member-3": 5}
-    proc = federation_vk(lab, workdir, lab.members)
+    proc = federation_vk(lab, workdir, members or lab.members)
     for entry in proc.overrides["provider.federation"]["members"]:
         entry["weight"] = weights[entry["name"]]
         if entry["name"] == "member-2":

@@ -37,6 +37,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 TIMEOUT = 45.0
+#: The members these tests use: away from member-1, which the reclaim tests fill meanwhile.
+AWAY = ("member-2", "member-3")
 KILL_AT = TIMEOUT * 2 / 3
 #: Early: the API's times are to the second. Late: the gang timer's tick, the Event's write, and a
 #: restart that took longer than the time left (the timer then waits gang.SETTLE for the pods).
@@ -71,11 +73,11 @@ async def _kill_and_restart_at(proc: VkProcess, moment: float) -> tuple[float, f
     return killed, time.time()
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline", *AWAY])
 async def test_a_gang_waiting_for_room_restarted_two_thirds_in_times_out_once_at_its_timeout(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    proc = federation_vk(lab, tmp_path, lab.members)
+    proc = federation_vk(lab, tmp_path, list(AWAY))
     await start_synced(proc)
     ns = await make_namespace(offline, f"gangclock-{uuid.uuid4().hex[:5]}")
     try:
@@ -120,12 +122,12 @@ async def test_a_gang_waiting_for_room_restarted_two_thirds_in_times_out_once_at
         await cleanup_and_stop(lab, offline, ns, proc)
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline", *AWAY])
 async def test_a_gang_its_member_does_not_bind_restarted_two_thirds_in_rolls_back_at_its_timeout(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
     """member-2 is preferred but never binds (its pods name a scheduler it does not run)."""
-    proc = member_2_never_binds(lab, tmp_path)
+    proc = member_2_never_binds(lab, tmp_path, list(AWAY))
     await start_synced(proc)
     ns = await make_namespace(offline, f"gangsent-{uuid.uuid4().hex[:5]}")
     job = JobRef(ns, "native", "g4")

@@ -58,7 +58,7 @@ async def _target_pod(offline: KubeClient, proc: VkProcess) -> str:
     return ns
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_clients_that_never_finish_their_headers_are_cut_and_exec_goes_on(
     lab: Lab, offline: KubeClient, vk: Any, tmp_path: Path
 ) -> None:

@@ -14,7 +14,8 @@ from e2e.fixtures import Lab
 from tests.e2e.helpers import eventually, pod
 from tests.e2e.memberwatch import PODS, MemberWatch
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+# Stops member-3 and uses nothing else.
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session"), pytest.mark.lab_turn(alone=["member-3"])]
 
 
 async def test_member_watch_sees_through_an_outage_and_fails_when_blind(lab: Lab) -> None:

@@ -21,7 +21,13 @@ from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.reclaim_scene import PODGROUPS, Scene, front_pod, start_scene, stop_scene
 from vkprovider.kube import KubeClient
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+# Each fills member-1 (online load, notices), and nothing else: the other worker runs beside
+# them whatever keeps away from member-1 (e2e.fixtures).
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=["member-1"], shares=["offline"]),
+]
 
 NOTICE = 5.0
 RECLAIM_AT = "vkprovider.io/reclaim-at"

@@ -20,7 +20,13 @@ from tests.e2e.reclaim_scene import Scene, front_pod, start_scene, stop_scene
 from tests.e2e.test_member_logs import append
 from vkprovider.kube import KubeClient
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+# Each fills member-1 (online load, notices), and nothing else: the other worker runs beside
+# them whatever keeps away from member-1 (e2e.fixtures).
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=["member-1"], shares=["offline"]),
+]
 
 NOTICE = 6.0
 MAXIMUM = 20.0

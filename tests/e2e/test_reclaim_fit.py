@@ -20,7 +20,13 @@ from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
 from tests.e2e.reclaim_scene import MEMBER, Scene, front_pod, start_scene, stop_scene
 from vkprovider.kube import AlreadyExists, KubeClient
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+# Each fills member-1 (online load, notices), and nothing else: the other worker runs beside
+# them whatever keeps away from member-1 (e2e.fixtures).
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=["member-1"], shares=["offline"]),
+]
 
 RECLAIM_AT = "vkprovider.io/reclaim-at"
 PATIENT_CLASS = "online-patient"  # e2e.online's class: preemptionPolicy Never

@@ -64,7 +64,7 @@ async def _lost(offline: KubeClient, ns: str) -> list[dict[str, Any]] | None:
     return items if items and all(p["status"].get("phase") == "Failed" for p in items) else None
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline", MEMBER])
 async def test_a_restart_in_the_middle_of_an_outage_keeps_its_clocks(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

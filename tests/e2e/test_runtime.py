@@ -63,7 +63,7 @@ async def running(client: KubeClient, ns: str, count: int, selector: str | None 
     return items if len(ok) == count and len(items) == count else None
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_node_ready_lease_and_restart(offline: KubeClient, vk: Any) -> None:
     """Node registration and lease; a stop leaves the node Ready and its pod Running, and a
     restart adopts the running pod without asking the provider to create it again.
@@ -128,7 +128,7 @@ async def _changed(client: KubeClient, path: str, first: str) -> bool:
     return bool((await client.get(path))["spec"]["renewTime"] != first)
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_deployment_scales_and_job_completes(offline: KubeClient, vk: Any) -> None:
     proc = vk()
     proc.start()
@@ -214,7 +214,7 @@ def _kubectl() -> Path:
     return binaries.ensure_all()["kubectl"]
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_logs_through_the_apiserver_and_refused_callers(lab: Lab, offline: KubeClient, vk: Any) -> None:
     proc = vk(**{"provider.memory.log_interval": 0.2})
     proc.start()
@@ -289,7 +289,7 @@ async def test_logs_through_the_apiserver_and_refused_callers(lab: Lab, offline:
         await delete_namespace(offline, ns)
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_deletion_graceful_forced_and_slow(offline: KubeClient, vk: Any) -> None:
     proc = vk(**{"provider.memory.stop_seconds": 2.0})
     slow = vk(**{"provider.memory.latency": 1.0})
@@ -324,7 +324,7 @@ async def test_deletion_graceful_forced_and_slow(offline: KubeClient, vk: Any) -
         await delete_namespace(offline, ns)
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_a_deleted_pod_ends_failed_before_it_goes_so_its_job_replaces_it(offline: KubeClient, vk: Any) -> None:
     """As the kubelet does, a deleted pod is given a terminal phase before it goes: a Job that
     replaces a pod only once it has failed (podReplacementPolicy: Failed) counts it, drops its
@@ -371,7 +371,7 @@ async def _not_in_provider(proc: VkProcess, key: str) -> bool:
     return key not in proc.provider_pods()
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_provider_failures_lost_and_evicted_pods(offline: KubeClient, vk: Any) -> None:
     proc = vk()
     proc.start()
@@ -425,7 +425,7 @@ async def _both_running(client: KubeClient, ns: str) -> bool:
     return phases.get("lost") == "Running" and phases.get("evicted") == "Running"
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_kill_9_during_a_burst_never_duplicates_leaks_or_loses(offline: KubeClient, vk: Any) -> None:
     proc = vk(**{"provider.memory.startup_delay": 0.2})
     proc.start()
@@ -734,7 +734,7 @@ async def _first_writes(client: KubeClient, ns: str, count: int) -> dict[str, st
     return first
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_in_a_burst_a_pod_that_starts_within_the_burst_settle_is_reported_once(
     offline: KubeClient, vk: Any
 ) -> None:
@@ -781,7 +781,7 @@ async def _grant_to_service_account(client: KubeClient, ns: str, name: str, subr
     await client.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline"])
 async def test_kubelet_api_tokens_serving_certificate_stats_and_pods(lab: Lab, offline: KubeClient, vk: Any) -> None:
     """The kubelet API as clients other than kubectl logs meet it:
     - its serving certificate comes from a kubelet-serving CSR the cluster signed, so a client

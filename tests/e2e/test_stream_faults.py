@@ -142,7 +142,7 @@ async def _everything_but_pods_exec(member: KubeClient) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.shares_lab
+@pytest.mark.lab_turn(shares=["offline", "member-2"])
 async def test_a_member_credential_without_pods_exec_is_a_clear_error(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
@@ -202,6 +202,7 @@ async def test_a_member_credential_without_pods_exec_is_a_clear_error(
                     await member.delete(path)
 
 
+@pytest.mark.lab_turn(alone=["member-3"], shares=["offline"])  # member-3 stops
 async def test_twenty_sessions_end_with_a_message_when_the_member_apiserver_dies(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

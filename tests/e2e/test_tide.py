@@ -27,7 +27,12 @@ from tests.e2e.test_outages import start_provider
 from tests.e2e.test_runtime import running
 from vkprovider.kube import KubeClient
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+# Counts everything in member-2, and nothing else: alone there only.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=["member-2"], shares=["offline"]),
+]
 
 PODS_RUN = 3
 CPU, GPU = 2.0, 1.0  # each pod's requests
