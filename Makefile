@@ -46,7 +46,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: $(STAMP) binaries browser lint
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=0 --durations-min=15 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder --durations=0 --durations-min=15 tests
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

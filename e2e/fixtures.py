@@ -18,9 +18,11 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
 from e2e import lab as lab_mod
 from e2e import state as state_mod
@@ -150,14 +152,40 @@ def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         yield
 
 
+#: The files of the chain's tests. The xdist controller, which schedules, sees test ids and not
+#: marks, so the chain is named by file here; every worker checks that these files hold exactly
+#: the tests alone on CHAIN (pytest_collection_modifyitems).
+CHAIN_FILES = ("tests/e2e/test_reclaim.py", "tests/e2e/test_reclaim_answers.py", "tests/e2e/test_reclaim_fit.py")
+
+
+def _in_chain(nodeid: str) -> bool:
+    return nodeid.split("::", 1)[0] in CHAIN_FILES
+
+
+class ChainScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    """xdist's load-scope scheduling where the chain's tests are one scope (one worker runs them
+    back to back) and every other test is a scope of its own. (xdist's own `loadgroup` reads
+    marks by renaming test ids, which pytest 9 no longer lets it do.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return CHAIN if _in_chain(nodeid) else nodeid
+
+
 @pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope --no-loadscope-reorder` (the Makefile's) schedules the chain this way."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    return ChainScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist, order the run so that turns waste little. First the chain: the tests alone
-    on member-1 alone, one xdist group (`--dist loadgroup`), so one worker runs them back to
-    back from the start (the first of them starts the lab). The other worker meanwhile runs the
-    tests that need no lab, then the lab tests that keep away from member-1; then every other
-    test that runs alone (the workers take turns), then the sharing ones (side by side).
-    Sorting is stable and the same in every worker, as xdist requires."""
+    on member-1 alone, one scope (ChainScheduling), so one worker runs them back to back from
+    the start (the first of them starts the lab). The other worker meanwhile runs the tests
+    that need no lab, then the lab tests that keep away from member-1; then every other test
+    that runs alone (the workers take turns), then the sharing ones (side by side). Sorting is
+    stable and the same in every worker, as xdist requires."""
     if not WORKER:
         return
 
@@ -165,8 +193,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not _uses_lab(item):
             return 1
         alone, shares = turn_of(item)
+        if (alone == {CHAIN}) != _in_chain(item.nodeid):
+            raise pytest.UsageError(f"{item.nodeid}: the chain's tests (alone on {CHAIN}) are those of {CHAIN_FILES}")
         if alone == {CHAIN}:
-            item.add_marker(pytest.mark.xdist_group(CHAIN))
             return 0
         if CHAIN not in alone | shares:
             return 2

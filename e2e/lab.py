@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from e2e import binaries, components, kubeconfig, nodes, pki, ports, procs, state
+from e2e import binaries, components, kubeconfig, nodeaddress, nodes, pki, ports, procs, state
 from e2e.state import ClusterState, LabState, ProcessState
 from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, Unreachable, load_kubeconfig
 
@@ -330,6 +330,12 @@ async def up(state_dir: Path, spec: LabSpec) -> LabState:
             profile=spec.profile_of(index) if member else (spec.offline_profile if spec.offline_nodes else None),
             nodes=spec.nodes_per_member if member else spec.offline_nodes,
         )
+    address = nodeaddress.for_port_base(base)
+    refused = nodeaddress.claim(address)
+    if refused is None:
+        lab.node_address = address
+    else:
+        _say(f"no node address of the lab's own ({refused}): the apiservers' node proxy will not reach providers")
     lab.save()
     started = time.monotonic()
     try:
@@ -491,6 +497,8 @@ def teardown(lab: LabState) -> list[str]:
     for proc in lab.all_processes():
         proc.pid = None
     lab.ready = False
+    if lab.node_address:
+        nodeaddress.release(lab.node_address)
     shutil.rmtree(lab.data_dir, ignore_errors=True)
     if Path(lab.state_dir).is_dir():
         lab.save()
@@ -615,6 +623,10 @@ def provider_config(lab: LabState, provider: str, *, node: str = "vk-lab", port:
         "http": {"port": port, "bind": "127.0.0.1"},
         "provider": {"type": provider},
     }
+    if lab.node_address:
+        # Advertised and listened on, so the apiserver's node proxy reaches it (e2e.nodeaddress).
+        config["node"]["address"] = lab.node_address
+        config["http"]["bind"] = lab.node_address
     if provider == "federation":
         config["provider"]["federation"] = {
             "members": [

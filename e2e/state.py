@@ -56,6 +56,8 @@ class LabState:
     etcd: ProcessState | None = None
     clusters: dict[str, ClusterState] = field(default_factory=dict)
     ready: bool = False
+    #: An address of the lab's own the apiservers proxy to (e2e.nodeaddress); None without root.
+    node_address: str | None = None
     format: int = FORMAT
 
     @property

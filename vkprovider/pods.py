@@ -10,6 +10,9 @@ writer of pod status. Rules it keeps:
   with reason ProviderFailed and a Warning Event, and is retried with backoff; one it refuses
   as invalid (ProviderInvalid) ends Failed at once, with the provider's reason if it names one,
   and a Warning Event, and is not retried.
+- A pod whose mandatory ConfigMap or Secret (or a key of one) is missing is not handed to the
+  provider: it waits Pending with the kubelet's reasons and Events until it exists
+  (vkprovider.references).
 - Deletion: on deletionTimestamp the provider deletes; the API object goes (grace 0, UID
   precondition) once the provider reports it gone or the grace period has passed.
 - Start-up clean-up deletes only provider pods the provider says this instance owns and that
@@ -24,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vkprovider import logs, podstatus
+from vkprovider import logs, podstatus, references
 from vkprovider.backoff import ExponentialBackoff
 from vkprovider.deletion import delete_in_provider, delete_orphans
 from vkprovider.events import EventRecorder
@@ -69,6 +73,31 @@ async def poll_statuses(cache: PodStore[Pod], queue: WorkQueue, interval: float)
                 queue.add(key)
 
 
+async def create_in_provider(
+    provider: PodLifecycle, pod: Pod, write_status: Callable[[Pod, PodStatus], Awaitable[None]], events: EventRecorder
+) -> bool:
+    """Hand a new pod to the provider: whether it took it. A refusal as invalid ends the pod
+    Failed; any other leaves it Pending (raised, to be retried) or, with restartPolicy Never,
+    Failed."""
+    try:
+        await provider.create_pod(pod)
+    except ProviderInvalid as exc:
+        reason = exc.reason or "ProviderFailed"
+        failed = podstatus.failed_status(pod, reason=reason, message=str(exc), exit_code=1)
+        await write_status(pod, failed)
+        await events.emit(pod, reason=exc.reason or "ProviderCreateFailed", message=str(exc), warning=True)
+        return False
+    except ProviderError as exc:
+        status = podstatus.provider_failed_status(pod, str(exc))
+        if podstatus.status_differs(pod.get("status", {}), status) or pod.get("status", {}).get("message") != str(exc):
+            await write_status(pod, status)
+        await events.emit(pod, reason="ProviderCreateFailed", message=str(exc), warning=True)
+        if status["phase"] == "Pending":
+            raise
+        return False
+    return True
+
+
 class PodController:
     def __init__(
         self,
@@ -92,6 +121,7 @@ class PodController:
         self.cache: PodStore[Pod] = PodStore()
         self._own_writes: dict[str, str] = {}  # key -> resourceVersion our last status write produced
         self._settling = Settling(settings)  # when a new pod's first status write is due
+        self._references = references.ReferenceGate(client, events, self._write_status, podstatus.status_differs)
         self._listed: set[str] = set()
         #: Keys whose sync found the API unreachable: synced again once a list succeeds.
         self._parked: set[str] = set()
@@ -301,25 +331,11 @@ class PodController:
                 await self._events.emit(pod, reason=reason, message=desired.get("message", ""), warning=True)
 
     async def _create(self, key: str, pod: Pod) -> bool:
-        try:
-            await self._provider.create_pod(pod)
-        except ProviderInvalid as exc:
-            reason = exc.reason or "ProviderFailed"
-            failed = podstatus.failed_status(pod, reason=reason, message=str(exc), exit_code=1)
-            await self._write_status(pod, failed)
-            await self._events.emit(pod, reason=exc.reason or "ProviderCreateFailed", message=str(exc), warning=True)
+        if await self._references.hold(pod):
+            assert self.queue is not None
+            self.queue.add_after(key, references.RECHECK)  # starts once what it needs exists
             return False
-        except ProviderError as exc:
-            status = podstatus.provider_failed_status(pod, str(exc))
-            if podstatus.status_differs(pod.get("status", {}), status) or pod.get("status", {}).get("message") != str(
-                exc
-            ):
-                await self._write_status(pod, status)
-            await self._events.emit(pod, reason="ProviderCreateFailed", message=str(exc), warning=True)
-            if status["phase"] == "Pending":
-                raise
-            return False
-        return True
+        return await create_in_provider(self._provider, pod, self._write_status, self._events)
 
     async def _sync_deleting(self, key: str, pod: Pod) -> None:
         namespace, name = split_key(key)

@@ -39,12 +39,13 @@ from vkprovider.httpapi.auth import Authenticator, Authorizer, User, user_from_c
 from vkprovider.httpapi.limits import DEFAULT_LIMITS, ConnectionGuard, StreamLimits
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
-from vkprovider.objects import Pod
+from vkprovider.objects import Pod, pod_key
 from vkprovider.provider import (
     DashboardSource,
     HistorySource,
     LogOptions,
     LogProvider,
+    PodLifecycle,
     ProviderError,
     ProviderNotFound,
     StatsProvider,
@@ -179,6 +180,8 @@ class KubeletApi:
         app.router.add_get("/healthz/ping", self._healthz)
         app.router.add_get("/pods", self._list_pods)
         app.router.add_get("/pods/", self._list_pods)
+        app.router.add_get("/runningpods", self._running_pods)
+        app.router.add_get("/runningpods/", self._running_pods)
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
         app.router.add_get("/stats/summary", self._summary)
         app.router.add_get("/stats/summary/", self._summary)
@@ -226,6 +229,36 @@ class KubeletApi:
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": self._pods()}
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def _running_pods(self, request: web.Request) -> web.Response:
+        """What the provider runs of the pods bound here, in the kubelet's shape for its
+        runtime's pods: name, namespace and UID, and each container's name and image."""
+        bound = {pod_key(p): p for p in self._pods()}
+        if not isinstance(self._provider, PodLifecycle):
+            return web.Response(status=501, text="this provider runs no pods")
+        try:
+            provided = await self._provider.list_pods()
+        except ProviderError as exc:
+            return web.Response(status=503, text=f"the provider cannot list its pods now: {exc}")
+        items = []
+        for pod in provided:
+            api_pod = bound.get(pod_key(pod))
+            if api_pod is None:
+                continue
+            meta = api_pod["metadata"]
+            containers = [
+                {"name": c.get("name", ""), "image": c.get("image", ""), "resources": {}}
+                for c in pod["spec"].get("containers", [])
+            ]
+            items.append(
+                {
+                    "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+                    "spec": {"containers": containers},
+                    "status": {},
+                }
+            )
+        body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
