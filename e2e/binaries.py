@@ -1,6 +1,6 @@
-"""Control-plane binaries (and helm and promtool, for the chart tests), built from the pinned Go tools modules
-under `e2e/tools/` into a per-user cache keyed by what determines the build, so they are rebuilt
-only when a pin changes.
+"""Control-plane binaries and metrics-server (and helm and promtool, for the chart tests), built
+from the pinned Go tools modules under `e2e/tools/` into a per-user cache keyed by what
+determines the build, so they are rebuilt only when a pin changes.
 
 Never written inside the repository. The cache root is `$VKPROVIDER_CACHE_DIR`, else
 `$XDG_CACHE_HOME/vkprovider`, else `~/.cache/vkprovider`.
@@ -29,6 +29,7 @@ BINARIES = {
     "kube-controller-manager": "k8s",
     "kubectl": "k8s",
     "kwok": "kwok",
+    "metrics-server": "metrics-server",
     "helm": "helm",
     "promtool": "promtool",
 }
@@ -99,6 +100,11 @@ def tool_builds() -> dict[str, ToolBuild]:
         module=k8s.module, main_module=k8s.main_module, packages=k8s.packages, ldflags=_k8s_ldflags(k8s.version())
     )
     helm = ToolBuild(module="helm", main_module="helm.sh/helm/v3", packages={"helm": "helm.sh/helm/v3/cmd/helm"})
+    metrics = ToolBuild(
+        module="metrics-server",
+        main_module="sigs.k8s.io/metrics-server",
+        packages={"metrics-server": "sigs.k8s.io/metrics-server/cmd/metrics-server"},
+    )
     return {
         "k8s": k8s,
         "etcd": ToolBuild(
@@ -118,6 +124,14 @@ def tool_builds() -> dict[str, ToolBuild]:
             main_module=helm.main_module,
             packages=helm.packages,
             ldflags=_helm_ldflags(helm.version(), helm.required_version("k8s.io/client-go")),
+        ),
+        # Every cluster's Metrics API (`kubectl top`), unmodified, as its release builds it.
+        "metrics-server": ToolBuild(
+            module="metrics-server",
+            main_module=metrics.main_module,
+            packages=metrics.packages,
+            # Its release build names its version in client-go's version package.
+            ldflags=("-s", "-w", f"-X k8s.io/client-go/pkg/version.gitVersion={metrics.version()}"),
         ),
         # The chart's alert rules are checked and unit-tested by Prometheus's own tool.
         "promtool": ToolBuild(

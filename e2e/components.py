@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: Native gang (Workload/PodGroup, beta in 1.37) and topology-aware workload scheduling.
 FEATURE_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
@@ -110,6 +111,16 @@ def apiserver_argv(*, binary: Path, files: ClusterFiles, cluster: str, port: int
         f"--client-ca-file={files.pem('ca')}",
         f"--kubelet-client-certificate={files.pem('apiserver-kubelet-client')}",
         f"--kubelet-client-key={files.pem('apiserver-kubelet-client', 'key')}",
+        # The aggregation layer (metrics-server's Metrics API): the apiserver proxies to an
+        # extension apiserver as front-proxy-client, its user in headers the extension trusts
+        # from that name under the front-proxy CA only (a CA of its own, as kubeadm makes it).
+        f"--requestheader-client-ca-file={files.pem('front-proxy-ca')}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={files.pem('front-proxy-client')}",
+        f"--proxy-client-key-file={files.pem('front-proxy-client', 'key')}",
         # Dial kubelets by IP (as kubeadm configures it): a Hostname first would send DNS queries
         # for node names off the machine.
         "--kubelet-preferred-address-types=InternalIP,Hostname",
@@ -135,6 +146,10 @@ def apiserver_argv(*, binary: Path, files: ClusterFiles, cluster: str, port: int
         "--audit-log-maxsize=0",
         "--v=0",
     ]
+
+
+#: The name the apiserver proxies to extension apiservers with (the aggregation layer).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 #: Client certificates carrying this group (O=) have their requests audited by the lab.
@@ -238,7 +253,14 @@ def kwok_debug_config(log: Path, workdir: Path) -> str:
 
 
 def kwok_argv(
-    *, binary: Path, files: ClusterFiles, stages: Path, pod_cidr: str, port: int, debug: Path | None = None
+    *,
+    binary: Path,
+    files: ClusterFiles,
+    stages: Path,
+    pod_cidr: str,
+    port: int,
+    debug: Path | None = None,
+    metrics: Path | None = None,
 ) -> list[str]:
     # The lab's tar first on the PATH of the commands KWOK runs (see e2e/kwok/bin/tar); `env`
     # execs KWOK, so the process is KWOK's.
@@ -256,6 +278,72 @@ def kwok_argv(
         f"--cidr={pod_cidr}",
         f"--server-address=127.0.0.1:{port}",
         *([f"--config={debug}"] if debug else []),
+        # The kubelet's /metrics/resource per node, of usage simulated per pod (e2e/kwok/metrics.yaml).
+        *([f"--config={metrics}"] if metrics else []),
         # Port-forwards come from ClusterPortForward objects a test creates (e2e/crds).
         *(["--enable-crds=ClusterPortForward"] if debug else []),
+    ]
+
+
+#: metrics-server's scrape interval: its minimum, so `kubectl top` answers soon after a pod starts.
+METRIC_RESOLUTION = "10s"
+#: The front end's metrics-server scrapes only virtual nodes labelled so (the demo's, and those of
+#: the tests of `kubectl top`): the providers of other tests see no scrape, nor their members
+#: the requests a scrape makes of them.
+SCRAPED_LABEL = "e2e.vkprovider.io/scraped"
+
+
+def metrics_server_argv(*, binary: Path, files: ClusterFiles, port: int, member: bool) -> list[str]:
+    """metrics-server as kwokctl runs it beside KWOK: kubelets dialled at their node's address
+    and status port; their serving certificates are self-signed (KWOK's, a provider's own)."""
+    selector = "type=kwok" if member else f"{SCRAPED_LABEL}=true"
+    return [
+        str(binary),
+        f"--kubeconfig={files.kubeconfig}",
+        f"--authentication-kubeconfig={files.kubeconfig}",
+        f"--authorization-kubeconfig={files.kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={files.dir / 'metrics-server'}",
+        f"--metric-resolution={METRIC_RESOLUTION}",
+        "--kubelet-request-timeout=5s",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        "--kubelet-use-node-status-port",
+        "--kubelet-insecure-tls",
+        f"--node-selector={selector}",
+        "--profiling=false",
+    ]
+
+
+def metrics_api_objects(port: int) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, object) of what makes metrics-server the cluster's Metrics API: a
+    Service the aggregator resolves to loopback (an ExternalName; Endpoints may not name a
+    loopback address) and the APIService of metrics.k8s.io/v1beta1 behind it."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "metrics-server", "namespace": "kube-system"},
+        "spec": {
+            "type": "ExternalName",
+            "externalName": "127.0.0.1",
+            "ports": [{"name": "https", "port": port, "targetPort": port}],
+        },
+    }
+    api_service = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": "v1beta1.metrics.k8s.io"},
+        "spec": {
+            "group": "metrics.k8s.io",
+            "version": "v1beta1",
+            "service": {"name": "metrics-server", "namespace": "kube-system", "port": port},
+            # Its certificate is self-signed in its --cert-dir, as metrics-server's own manifests run it.
+            "insecureSkipTLSVerify": True,
+            "groupPriorityMinimum": 100,
+            "versionPriority": 100,
+        },
+    }
+    return [
+        ("/api/v1/namespaces/kube-system/services", service),
+        ("/apis/apiregistration.k8s.io/v1/apiservices", api_service),
     ]

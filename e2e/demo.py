@@ -27,6 +27,7 @@ import yaml
 
 from e2e import binaries, online, state, status
 from e2e import lab as lab_mod
+from e2e.components import SCRAPED_LABEL
 from vkprovider import status as vk_status
 from vkprovider.kube import AlreadyExists, ApiError, KubeClient, ensure_namespace, load_kubeconfig
 
@@ -76,7 +77,12 @@ def _pod(name: str, *, priority_class: str, requests: dict[str, str], **extra: A
         ],
     }
     spec.update(extra.pop("spec", {}))
-    return {"metadata": {"name": name, **extra}, "spec": spec}
+    # What KWOK reports the member pod uses (e2e/kwok/metrics.yaml): 70 % of its CPU request and
+    # 300Mi, read back by `kubectl top` on the front end.
+    cpu = requests.get("cpu", "1")
+    millicores = int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+    usage = {"kwok.x-k8s.io/usage-cpu": f"{millicores * 7 // 10}m", "kwok.x-k8s.io/usage-memory": "300Mi"}
+    return {"metadata": {"name": name, "annotations": usage, **extra}, "spec": spec}
 
 
 def _group(name: str, min_count: int, annotations: dict[str, str]) -> dict[str, Any]:
@@ -170,6 +176,8 @@ async def demo(state_dir: Path) -> None:
     stop_runtime(state_dir)
     config = yaml.safe_load(lab_mod.provider_config(lab, "federation", node=NODE, port=PORT))
     config["http"]["health_port"] = HEALTH
+    # The front end's metrics-server scrapes the nodes labelled so (e2e.components).
+    config["node"]["labels"] = {SCRAPED_LABEL: "true"}
     config["log"] = {"format": "json"}
     # A short checkpoint notice, so the demo's reclaim step is over in seconds.
     for member in config["provider"]["federation"]["members"]:
@@ -219,6 +227,7 @@ async def demo(state_dir: Path) -> None:
     print(await status.table(lab))
     await _hybrid_step(lab)
     await _reclaim_step(lab, url)
+    await _top_step(lab)
     print(f"\nall of it keeps running; kubeconfigs in {state_dir}/kubeconfig/, stop it with `make down`")
 
 
@@ -325,6 +334,24 @@ async def _reclaim_step(lab: state.LabState, url: str) -> None:
             "REASON:.status.reason,RECLAIM-AT:.metadata.annotations.vkprovider\\.io/reclaim-at",
         )
     )
+
+
+async def _top_step(lab: state.LabState) -> None:
+    """`kubectl top` on the front end: each running pod's usage in its member (KWOK's simulated
+    usage, through the member's metrics-server, the provider and the front end's metrics-server;
+    two scrapes of each after the pods started, so up to a minute after they did)."""
+    kubectl = [str(binaries.ensure_all()["kubectl"]), "--kubeconfig", str(lab.kubeconfig("offline"))]
+    shown = ""
+    for _ in range(45):
+        done = subprocess.run([*kubectl, "-n", NS, "top", "pod"], capture_output=True, text=True, check=False)
+        shown = done.stdout
+        if done.returncode == 0 and len(shown.splitlines()) > 10:
+            break
+        await asyncio.sleep(2)
+    print(f"\n$ kubectl -n {NS} top pod   # each pod's usage in its member, as the member's metrics-server has it")
+    print(shown or "(no metrics yet: see the lab's logs/*metrics-server.log)")
+    print(f"$ kubectl top node {NODE}")
+    print(_kubectl(lab, "top", "node", NODE))
 
 
 DEMO_CPU = 2 * 8 + 4 * 8 + 8 * 16 + 3 * 2  # the cores the demo's pods request

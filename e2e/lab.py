@@ -30,6 +30,7 @@ from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, Unrea
 
 CRD_DIR = Path(__file__).parent / "crds"
 STAGES = Path(__file__).parent / "kwok" / "stages.yaml"
+KWOK_METRICS = Path(__file__).parent / "kwok" / "metrics.yaml"
 TMPFS = Path("/dev/shm")
 START_TIMEOUT = 120.0
 ONLINE_PRIORITY_CLASS = "online-high"
@@ -131,6 +132,13 @@ def _write_cluster_files(lab: LabState, cluster: ClusterState) -> components.Clu
     pki.issue(ca, "kube-apiserver-kubelet-client", organizations=("system:masters",), client=True).write(
         files.pki, "apiserver-kubelet-client"
     )
+    # The aggregation layer's: the apiserver's identity towards extension apiservers, under a CA
+    # of its own, as kubeadm makes them (a client certificate of the cluster CA would otherwise
+    # be trusted to name any user in a header).
+    front_proxy = pki.make_ca(f"{cluster.name}-front-proxy-ca")
+    front_proxy.write(files.pki, "front-proxy-ca")
+    pki.issue(front_proxy, components.FRONT_PROXY_CLIENT, client=True).write(files.pki, "front-proxy-client")
+    (files.dir / "metrics-server").mkdir(exist_ok=True)
     admin = pki.issue(ca, "lab-admin", organizations=("system:masters",), client=True)
     admin.write(files.pki, "admin")
     pki.write_service_account_key(files.sa_key, files.sa_public)
@@ -258,10 +266,14 @@ async def _create_nodes(client: KubeClient, cluster: ClusterState, member_index:
     await asyncio.gather(*(one(i) for i in range(cluster.nodes)))
 
 
-async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int, kubelet_port: int) -> None:
+async def _bootstrap(
+    lab: LabState, cluster: ClusterState, member_index: int, cluster_ports: ports.ClusterPorts
+) -> None:
     access = load_kubeconfig(lab.kubeconfig(cluster.name))
     async with KubeClient(access, user_agent="vkprovider-lab") as client:
         await _install_crds(client)
+        for path, body in components.metrics_api_objects(cluster_ports.metrics_server):
+            await _create(client, path, body)
         priority_class = {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
@@ -271,7 +283,7 @@ async def _bootstrap(lab: LabState, cluster: ClusterState, member_index: int, ku
         }
         await _create(client, "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
         if _runs_kwok(cluster):
-            await _create_nodes(client, cluster, member_index, kubelet_port)
+            await _create_nodes(client, cluster, member_index, cluster_ports.kwok)
 
 
 async def _cluster_ready(lab: LabState, cluster: ClusterState) -> bool:
@@ -442,7 +454,21 @@ async def _start_cluster_components(
     cluster.processes["kube-scheduler"] = scheduler
     cluster.processes["kube-controller-manager"] = kcm
     lab.save()
-    await _bootstrap(lab, cluster, member_index, cluster_ports.kwok)
+    await _bootstrap(lab, cluster, member_index, cluster_ports)
+    metrics_server = _start(
+        lab,
+        _process(
+            lab,
+            f"{name}-metrics-server",
+            components.metrics_server_argv(
+                binary=bins["metrics-server"],
+                files=files,
+                port=cluster_ports.metrics_server,
+                member=cluster.role == "member",
+            ),
+        ),
+    )
+    cluster.processes["metrics-server"] = metrics_server
     if _runs_kwok(cluster):
         cluster.processes["kwok"] = _start(
             lab,
@@ -456,6 +482,7 @@ async def _start_cluster_components(
                     pod_cidr=f"10.{100 + member_index}.0.0/16",
                     port=cluster_ports.kwok,
                     debug=_write_kwok_debug(lab.root, name),
+                    metrics=KWOK_METRICS,
                 ),
             ),
         )
@@ -473,6 +500,15 @@ async def _start_cluster_components(
         what=f"{name} kube-controller-manager",
         timeout=START_TIMEOUT,
     )
+    # Live, not ready: it is ready once it has scraped (a resolution later); `kubectl top`
+    # waits for that, not the lab.
+    await _wait(
+        lab,
+        metrics_server,
+        lambda: _http_ok(session, f"https://127.0.0.1:{cluster_ports.metrics_server}/livez"),
+        what=f"{name} metrics-server",
+        timeout=START_TIMEOUT,
+    )
     watched = cluster.processes.get("kwok", kcm)
     await _wait(
         lab, watched, lambda: _cluster_ready(lab, cluster), what=f"{name} nodes and accounts", timeout=START_TIMEOUT
@@ -482,7 +518,7 @@ async def _start_cluster_components(
 def teardown(lab: LabState) -> list[str]:
     """Stop every recorded process (controllers first, etcd last) and drop etcd's tmpfs data."""
     stopped: list[str] = []
-    order = ("kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver")
+    order = ("metrics-server", "kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver")
     for kind in order:
         group = [c.processes[kind] for c in lab.clusters.values() if kind in c.processes]
         ended = procs.terminate([p.pid for p in group if p.pid], lab.marker)

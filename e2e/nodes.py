@@ -24,6 +24,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CAPACITY_LABEL = "vkprovider.io/capacity"
 NATIVE_CAPACITY = "native"
 KUBELET_VERSION = "v1.37.2"
+#: The node annotation metrics-server reads for the path of a kubelet's resource metrics.
+RESOURCE_METRICS_PATH = "metrics.k8s.io/resource-metrics-path"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +131,13 @@ def build_node(
         "metadata": {
             "name": name,
             "labels": labels,
-            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {
+                KWOK_NODE_ANNOTATION: "fake",
+                "node.alpha.kubernetes.io/ttl": "0",
+                # Where metrics-server finds this node's resource metrics on KWOK's server
+                # (e2e/kwok/metrics.yaml), which answers for every node it manages.
+                RESOURCE_METRICS_PATH: f"/metrics/nodes/{name}/metrics/resource",
+            },
         },
         "spec": {
             "podCIDR": f"10.{100 + member_index}.{index}.0/24",

@@ -10,8 +10,8 @@ import random
 import socket
 from dataclasses import dataclass
 
-#: Ports per cluster: apiserver, scheduler, controller manager, kwok (spare).
-PORTS_PER_CLUSTER = 4
+#: Ports per cluster: apiserver, scheduler, controller manager, kwok, metrics-server.
+PORTS_PER_CLUSTER = 5
 ETCD_PORTS = 2  # client, peer
 
 
@@ -25,6 +25,7 @@ class ClusterPorts:
     scheduler: int
     controller_manager: int
     kwok: int
+    metrics_server: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +42,7 @@ class PortPlan:
                 (ports.scheduler, f"{name} kube-scheduler"),
                 (ports.controller_manager, f"{name} kube-controller-manager"),
                 (ports.kwok, f"{name} kwok"),
+                (ports.metrics_server, f"{name} metrics-server"),
             ]
         return out
 
@@ -51,7 +53,11 @@ def plan(base: int, cluster_names: list[str]) -> PortPlan:
     for index, name in enumerate(cluster_names):
         first = base + ETCD_PORTS + index * PORTS_PER_CLUSTER
         clusters[name] = ClusterPorts(
-            apiserver=first, scheduler=first + 1, controller_manager=first + 2, kwok=first + 3
+            apiserver=first,
+            scheduler=first + 1,
+            controller_manager=first + 2,
+            kwok=first + 3,
+            metrics_server=first + 4,
         )
     return PortPlan(etcd_client=base, etcd_peer=base + 1, clusters=clusters)
 

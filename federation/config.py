@@ -241,3 +241,10 @@ class FederationConfig(_Model):
         "(a revoked one is noticed within this time).",
     )
     damping_hold: float = Field(10.0, description="Seconds a small increase waits before it is published.")
+    usage_interval: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds between two reads of a member's Metrics API at most: however often the "
+        "provider's /stats/summary and /metrics/resource are scraped, each member is asked once per "
+        "interval (metrics-server's default resolution is 60 s; 10 s is its least).",
+    )

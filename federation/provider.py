@@ -10,7 +10,8 @@ federation/ for the runtime's provider contract (vkprovider.provider).
 - reclaim (federation.reclaim): capacity given back with notices, and the jobs told;
 - tenancy (federation.tenancy): the namespaces our pods run in, readied for dispatch;
 - streams (federation.streams): logs, exec, attach and port-forward to member pods;
-- view (federation.view): the capacity history, gauges and the dashboard.
+- view (federation.view): the capacity history, gauges and the dashboard;
+- usage (federation.usage): our pods' usage, from the members' Metrics API, as the kubelet's stats.
 The features do not import each other: what one needs of another is handed in here. A member
 unreachable past `unreachable_grace` lends nothing and is flagged on its MemberCluster and on
 the node, which stays Ready; its pods are declared lost only after `pods_lost_after`
@@ -50,6 +51,8 @@ from federation.streams import exec as member_exec
 from federation.streams import forward, logs
 from federation.streams.session import StreamLimits
 from federation.tenancy.namespaces import MemberNamespaces
+from federation.usage.reader import MetricsReader
+from federation.usage.stats import UsageStats
 from federation.view import page
 from federation.view.tide import FleetMetrics, Tide, TideMetrics
 from vkprovider.events import EventRecorder
@@ -124,6 +127,11 @@ class FederationProvider:
         )
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
         self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
+        self.usage = UsageStats(
+            index=self.dispatcher.reports,
+            members_of=lambda node: [m.name for m in self.nodes.members_of(node)],
+            reader=MetricsReader(interval=config.usage_interval, selector=self.owner.selector),
+        )
 
     async def _split_after_timeout(self, job: Job) -> None:
         """A hybrid gang whose virtual part no member could host: its native part is told."""
@@ -398,6 +406,10 @@ class FederationProvider:
     async def port_forward(self, namespace: str, name: str, port: int, stream: ByteStream) -> None:
         """One forwarded connection to the member pod's port."""
         await forward.forward(self.dispatcher.reports, namespace, name, port, stream, self._stream_limits)
+
+    async def stats_summary(self, node_name: str) -> dict[str, Any]:
+        """Our pods' usage on `node_name`, as their members' Metrics API has it (federation.usage)."""
+        return await self.usage.summary(node_name)
 
 
 def from_settings(settings: Any) -> FederationProvider:

@@ -142,6 +142,8 @@ def namespaced_rules() -> list[dict[str, Any]]:
     return [
         {"apiGroups": [""], "resources": ["pods"], "verbs": [*write, "deletecollection"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        # Our pods' usage, for the virtual node's stats (federation.usage).
+        {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list"]},
         {"apiGroups": [""], "resources": ["pods/exec", "pods/attach", "pods/portforward"], "verbs": ["get", "create"]},
         {"apiGroups": [""], "resources": ["configmaps", "secrets", "services"], "verbs": write},
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
@@ -172,6 +174,7 @@ def cluster_rules(tenant: str, *, direct_reads: bool = False) -> list[dict[str, 
         rules += [
             {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": read},
             {"apiGroups": ["topology.node.k8s.io"], "resources": ["noderesourcetopologies"], "verbs": read},
+            {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list"]},
         ]
     return [
         *rules,

@@ -17,7 +17,7 @@ def test_port_plan_is_a_dense_block() -> None:
     plan = ports.plan(30000, ["offline", "member-1"])
     used = [port for port, _ in plan.labelled()]
     assert sorted(used) == list(range(30000, 30000 + ports.block_size(2)))
-    assert plan.clusters["member-1"].apiserver == 30006
+    assert plan.clusters["member-1"].apiserver == 30007
 
 
 def test_cluster_names_and_default_profiles() -> None:

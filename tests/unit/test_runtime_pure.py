@@ -14,7 +14,8 @@ import pytest
 from vkprovider import node, podstatus, settings
 from vkprovider.backoff import ExponentialBackoff
 from vkprovider.httpapi.auth import subresource_for, subresources_for, user_from_certificate, verb_for
-from vkprovider.httpapi.server import log_options, resource_metrics
+from vkprovider.httpapi.resourcemetrics import resource_metrics
+from vkprovider.httpapi.server import log_options
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod
 from vkprovider.provider import NodeStatus
@@ -356,7 +357,7 @@ def test_resource_metrics_text() -> None:
         ],
     }
     text = resource_metrics(summary)
-    assert "node_cpu_usage_seconds_total 2.0 1767225600000" in text
+    assert "node_cpu_usage_seconds_total 2 1767225600000" in text
     assert 'container_memory_working_set_bytes{container="c",namespace="n",pod="p"} 7' in text
 
 

@@ -37,6 +37,7 @@ from vkprovider import logs
 from vkprovider.httpapi import portforward, remotecommand, wsremotecommand
 from vkprovider.httpapi.auth import Authenticator, Authorizer, User, user_from_certificate
 from vkprovider.httpapi.limits import DEFAULT_LIMITS, ConnectionGuard, StreamLimits
+from vkprovider.httpapi.resourcemetrics import resource_metrics
 from vkprovider.kube import ApiError
 from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, pod_key
@@ -93,50 +94,6 @@ def log_options(query: Any) -> LogOptions:
         timestamps=_bool(query.get("timestamps")),
         previous=_bool(query.get("previous")),
     )
-
-
-def resource_metrics(summary: dict[str, Any]) -> str:
-    """The Prometheus text of /metrics/resource (what metrics-server scrapes) from a Summary."""
-
-    def ms(ts: str | None) -> str:
-        if not ts:
-            return ""
-        return " " + str(int(datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000))
-
-    lines = [
-        "# HELP node_cpu_usage_seconds_total Cumulative cpu time consumed by the node in core-seconds",
-        "# TYPE node_cpu_usage_seconds_total counter",
-    ]
-    node = summary.get("node", {})
-    cpu, mem = node.get("cpu", {}), node.get("memory", {})
-    lines.append(f"node_cpu_usage_seconds_total {cpu.get('usageCoreNanoSeconds', 0) / 1e9}{ms(cpu.get('time'))}")
-    lines += [
-        "# HELP node_memory_working_set_bytes Current working set of the node in bytes",
-        "# TYPE node_memory_working_set_bytes gauge",
-        f"node_memory_working_set_bytes {mem.get('workingSetBytes', 0)}{ms(mem.get('time'))}",
-        "# HELP container_cpu_usage_seconds_total Cumulative cpu time consumed by the container in core-seconds",
-        "# TYPE container_cpu_usage_seconds_total counter",
-    ]
-    memory_lines = [
-        "# HELP container_memory_working_set_bytes Current working set of the container in bytes",
-        "# TYPE container_memory_working_set_bytes gauge",
-    ]
-    for pod in summary.get("pods", []):
-        ref = pod.get("podRef", {})
-        for c in pod.get("containers", []):
-            labels = f'container="{c.get("name")}",namespace="{ref.get("namespace")}",pod="{ref.get("name")}"'
-            ccpu, cmem = c.get("cpu", {}), c.get("memory", {})
-            lines.append(
-                f"container_cpu_usage_seconds_total{{{labels}}} {ccpu.get('usageCoreNanoSeconds', 0) / 1e9}"
-                f"{ms(ccpu.get('time'))}"
-            )
-            memory_lines.append(
-                f"container_memory_working_set_bytes{{{labels}}} {cmem.get('workingSetBytes', 0)}{ms(cmem.get('time'))}"
-            )
-    lines += memory_lines
-    lines += ["# HELP scrape_error 1 if there was an error while getting container metrics, 0 otherwise"]
-    lines += ["# TYPE scrape_error gauge", "scrape_error 0"]
-    return "\n".join(lines) + "\n"
 
 
 class KubeletApi:

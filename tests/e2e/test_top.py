@@ -1,0 +1,104 @@
+"""`kubectl top` on the front end shows a virtual-node pod's usage in its member (issue 37,
+item 1), through real parts only: KWOK simulates the member pod's usage (e2e/kwok/metrics.yaml)
+and serves the kubelet's /metrics/resource; the member's own metrics-server scrapes it and
+serves the member's Metrics API; the provider reads our pods' PodMetrics there, at most once per
+`usage_interval`, and serves them as a kubelet's /metrics/resource; the front end's
+metrics-server scrapes that, and `kubectl top pod` / `kubectl top node` read the front end's
+Metrics API. The expected figures are the pod's own annotations (independent of every part)
+and the member's own `kubectl top pod`."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from e2e import audit, binaries
+from e2e.components import SCRAPED_LABEL
+from e2e.fixtures import Lab
+from tests.e2e.helpers import eventually, make_namespace
+from tests.e2e.test_dispatch import cleanup_and_stop
+from tests.e2e.test_federation_capacity import federation_vk
+from tests.e2e.test_outages import member_pods, plain_pod, running, start_provider
+from vkprovider.kube import KubeClient
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(shares=["offline", "member-2"]),
+]
+
+MEMBER = "member-2"
+USAGE_INTERVAL = 10.0
+
+
+def top(lab: Lab, cluster: str, *args: str) -> str | None:
+    """The figures `kubectl top ARGS` prints for one object (None while it has none)."""
+    kubectl = str(binaries.ensure_all()["kubectl"])
+    done = subprocess.run(
+        [kubectl, "--kubeconfig", str(lab.kubeconfig(cluster)), "top", *args, "--no-headers"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        assert "not available" in done.stderr or "not found" in done.stderr, done.stderr
+        return None
+    fields = done.stdout.split()
+    return " ".join(fields[1:]) if fields and "<unknown>" not in fields else None
+
+
+def millicores(figures: str) -> int:
+    cpu = figures.split(maxsplit=1)[0]
+    return int(cpu.removesuffix("m")) if cpu.endswith("m") else int(cpu) * 1000
+
+
+async def test_kubectl_top_shows_the_member_pods_usage(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
+    user = f"top-{uuid.uuid4().hex[:6]}"
+    proc = federation_vk(
+        lab,
+        tmp_path,
+        [MEMBER],
+        audited_as=user,
+        **{"node.labels": {SCRAPED_LABEL: "true"}, "provider.federation.usage_interval": USAGE_INTERVAL},
+    )
+    await start_provider(proc, 1)
+    started = time.time()
+    ns = await make_namespace(offline, f"top-{uuid.uuid4().hex[:6]}")
+    usage = {"kwok.x-k8s.io/usage-cpu": "350m", "kwok.x-k8s.io/usage-memory": "96Mi"}
+    try:
+        await offline.create(f"/api/v1/namespaces/{ns}/pods", plain_pod("busy", proc.node, usage))
+        await eventually(lambda: running(offline, ns, 1), timeout=60, what="the pod running in the member")
+        member = (await member_pods(lab, MEMBER, ns))["busy"]["metadata"]
+
+        async def both() -> str | None:
+            theirs = top(lab, MEMBER, "pod", member["name"], "-n", member["namespace"])
+            ours = top(lab, "offline", "pod", "busy", "-n", ns)
+            # The same figures, read one scrape apart at most (both change only when the
+            # member's metrics-server scrapes KWOK again).
+            return ours if ours is not None and ours == theirs else None
+
+        ours = await eventually(both, timeout=120, interval=2, what="kubectl top pod, ours as the member's")
+        assert ours.split()[1] == "96Mi"
+        assert abs(millicores(ours) - 350) <= 350 * 0.02, ours
+
+        node = await eventually(
+            lambda: _top_node(lab, proc.node), timeout=60, interval=2, what="kubectl top node of the virtual node"
+        )
+        assert abs(millicores(node) - 350) <= 350 * 0.02 and node.split()[2] == "96Mi", node
+
+        # However often it was scraped, the provider asked the member's Metrics API once per
+        # interval at most.
+        reads = [r for r in audit.records(lab.state, MEMBER, users={user}) if "/apis/metrics.k8s.io/" in r.uri]
+        assert reads and all(r.succeeded for r in reads), reads
+        assert len(reads) <= (time.time() - started) / USAGE_INTERVAL + 1, [r.received for r in reads]
+    finally:
+        await cleanup_and_stop(lab, offline, ns, proc)
+
+
+async def _top_node(lab: Lab, node: str) -> str | None:
+    return top(lab, "offline", "node", node)
