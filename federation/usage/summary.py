@@ -15,13 +15,13 @@ kubelet leaves out a container it has no stats of; the node's figures are the su
 
 from __future__ import annotations
 
-import datetime
 import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from federation.capacity.quantities import QuantityError, parse
+from vkprovider.times import epoch, rfc3339
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -32,21 +32,6 @@ def seconds_of(duration: str | None) -> float:
     if not duration:
         return 0.0
     return sum(float(value) * _UNIT_SECONDS[unit] for value, unit in _DURATION.findall(duration))
-
-
-def epoch(ts: str | None) -> float | None:
-    """An RFC 3339 time in seconds since the epoch."""
-    if not ts:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def rfc3339(seconds: float) -> str:
-    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
-    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _nanocores(quantity: str | None) -> int:

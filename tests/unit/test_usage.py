@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from federation.usage.summary import ContainerSample, CpuCounters, PodSample, epoch, pod_sample, seconds_of, summary
+from federation.usage.summary import ContainerSample, CpuCounters, PodSample, pod_sample, seconds_of, summary
 from vkprovider.httpapi.resourcemetrics import resource_metrics
+from vkprovider.times import epoch
 
 T0 = epoch("2026-12-05T10:00:00Z") or 0.0
 

@@ -10,8 +10,9 @@ sample's time must be when it was measured, not when it was served.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
+
+from vkprovider.times import epoch
 
 _CPU = "[STABLE] Cumulative cpu time consumed by the {} in core-seconds"
 _MEMORY = "[STABLE] Current working set of the {} in bytes"
@@ -28,14 +29,8 @@ _FAMILIES = (
 )
 
 
-def _seconds(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
 def _stamp(ts: str | None) -> str:
-    seconds = _seconds(ts)
+    seconds = epoch(ts)
     return "" if seconds is None else f" {int(seconds * 1000)}"
 
 
@@ -71,7 +66,7 @@ def _samples(summary: dict[str, Any]) -> dict[str, list[str]]:
             labels = f'{{container="{container.get("name")}",{pod_labels}}}'
             add("container_cpu_usage_seconds_total", labels, _cpu(container))
             add("container_memory_working_set_bytes", labels, _memory(container))
-            started = _seconds(container.get("startTime"))
+            started = epoch(container.get("startTime"))
             if started is not None:
                 cpu_time = (container.get("cpu") or {}).get("time")
                 add("container_start_time_seconds", labels, f"{_number(started)}{_stamp(cpu_time)}")
