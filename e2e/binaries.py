@@ -1,5 +1,5 @@
-"""Control-plane binaries and metrics-server (and helm and promtool, for the chart tests), built
-from the pinned Go tools modules under `e2e/tools/` into a per-user cache keyed by what
+"""Control-plane binaries and metrics-server (and helm, promtool and Prometheus, for the chart
+tests), built from the pinned Go tools modules under `e2e/tools/` into a per-user cache keyed by what
 determines the build, so they are rebuilt only when a pin changes.
 
 Never written inside the repository. The cache root is `$VKPROVIDER_CACHE_DIR`, else
@@ -32,11 +32,12 @@ BINARIES = {
     "metrics-server": "metrics-server",
     "helm": "helm",
     "promtool": "promtool",
+    "prometheus": "promtool",
 }
 
 #: Built like the others for the tests (the chart tests' client), but never run by the lab, so a
 #: `--bin-dir` need not hold them.
-NOT_RUN_BY_LAB = frozenset({"helm", "promtool"})
+NOT_RUN_BY_LAB = frozenset({"helm", "promtool", "prometheus"})
 
 
 class BinaryError(RuntimeError):
@@ -133,11 +134,15 @@ def tool_builds() -> dict[str, ToolBuild]:
             # Its release build names its version in client-go's version package.
             ldflags=("-s", "-w", f"-X k8s.io/client-go/pkg/version.gitVersion={metrics.version()}"),
         ),
-        # The chart's alert rules are checked and unit-tested by Prometheus's own tool.
+        # The chart's alert rules are checked and unit-tested by Prometheus's own tool, and its
+        # ServiceMonitors scraped by Prometheus itself (built without its web UI's assets).
         "promtool": ToolBuild(
             module="promtool",
             main_module="github.com/prometheus/prometheus",
-            packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+            packages={
+                "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+                "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+            },
             ldflags=("-s", "-w"),
         ),
     }

@@ -158,8 +158,9 @@ AUDITED_GROUP = "vkprovider:audited"
 
 def audit_policy() -> str:
     """Metadata (who, what, when, answer code, user agent) of the audited group's requests and
-    of ServiceAccounts' writes (the lab runs no pods of its own: those are tests' processes
-    holding an account's token, such as a chart's provider); nothing else."""
+    of ServiceAccounts' writes and node-proxy requests (the lab runs no pods of its own: those
+    are tests' processes holding an account's token, such as a chart's provider or a Prometheus
+    scraping through the node proxy); nothing else."""
     return (
         "apiVersion: audit.k8s.io/v1\n"
         "kind: Policy\n"
@@ -168,6 +169,8 @@ def audit_policy() -> str:
         f"- level: Metadata\n  userGroups: [{AUDITED_GROUP!r}]\n"
         "- level: Metadata\n  userGroups: [system:serviceaccounts]\n"
         "  verbs: [create, update, patch, delete, deletecollection]\n"
+        "- level: Metadata\n  userGroups: [system:serviceaccounts]\n"
+        "  resources: [{group: '', resources: [nodes/proxy]}]\n"
         "- level: None\n"
     )
 

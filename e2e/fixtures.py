@@ -113,7 +113,12 @@ async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lab]:
 
 
 def _uses_lab(item: pytest.Item) -> bool:
-    return item.get_closest_marker("e2e") is not None or "lab" in getattr(item, "fixturenames", ())
+    """A test takes a turn at the lab when it uses the lab, or is an end-to-end test that runs
+    alone (it may start labs of its own); a sharing one that never asks for the lab (a chart
+    rendered, a built binary run) takes none and runs whenever a worker is free."""
+    if "lab" in getattr(item, "fixturenames", ()):
+        return True
+    return item.get_closest_marker("e2e") is not None and item.get_closest_marker("shares_lab") is None
 
 
 #: The clusters a test can take turns at: the front end and each member.
@@ -184,8 +189,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     on member-1 alone, one scope (ChainScheduling), so one worker runs them back to back from
     the start (the first of them starts the lab). The other worker meanwhile runs the tests
     that need no lab, then the lab tests that keep away from member-1; then every other test
-    that runs alone (the workers take turns), then the sharing ones (side by side). Sorting is
-    stable and the same in every worker, as xdist requires."""
+    that runs alone (the workers take turns), then the sharing ones (side by side); in each, the
+    tests marked `long` first. Sorting is stable and the same in every worker, as xdist requires."""
     if not WORKER:
         return
 
@@ -201,7 +206,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 2
         return 4 if not alone else 3
 
-    ranks = {id(item): rank(item) for item in items}
+    # Within a rank the long tests go first: one left for last would run while the other
+    # worker has nothing to do.
+    ranks = {id(item): (rank(item), item.get_closest_marker("long") is None) for item in items}
     items.sort(key=lambda item: ranks[id(item)])
 
 

@@ -310,6 +310,7 @@ class Runtime:
             max_sessions=max_sessions(http.memory_budget_bytes, limits),
             max_sessions_per_user=http.max_sessions_per_user,
             guard=guard,
+            exposition=self.metrics.exposition,
         )
         runner = web.AppRunner(api.app(), access_log=None, keepalive_timeout=http.keepalive_idle)
         await runner.setup()

@@ -412,6 +412,46 @@ def test_service_monitor_on_and_off() -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
+@pytest.mark.shares_lab
+def test_the_node_proxy_monitor_names_every_virtual_node_and_grants_only_them(tmp_path: Path) -> None:
+    """Per-member nodes are named from the listed members; Prometheus's account may proxy to
+    them and to no other node. A real scrape with it: tests/e2e/test_scrape.py."""
+    members = [{"name": m, "existingSecret": {"name": f"{m}-kc"}} for m in ("m1", "m2")]
+    values = {
+        "virtualNodes": "per-member",
+        "members": members,
+        "serviceMonitor": {"nodeProxy": {"enabled": True, "serviceAccount": {"namespace": "mon", "name": "prom"}}},
+    }
+    docs = render(values=values, tmp=tmp_path)
+    monitor = one(docs, "ServiceMonitor")
+    paths = [e["path"] for e in monitor["spec"]["endpoints"]]
+    assert paths == [
+        f"/api/v1/nodes/vk-pool-{m}/proxy{p}" for m in ("m1", "m2") for p in ("/metrics", "/metrics/resource")
+    ]
+    assert monitor["spec"]["selector"]["matchLabels"] == {"component": "apiserver", "provider": "kubernetes"}
+    (rule,) = one(docs, "ClusterRole", "rel-vk-system-scraper")["rules"]
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["nodes/proxy"],
+        "resourceNames": ["vk-pool-m1", "vk-pool-m2"],
+        "verbs": ["get"],
+    }
+    subjects = one(docs, "ClusterRoleBinding", "rel-vk-system-scraper")["subjects"]
+    assert subjects == [{"kind": "ServiceAccount", "namespace": "mon", "name": "prom"}]
+    # Without members listed, per-member nodes have no names to scrape: the install fails, saying so.
+    failed = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--set",
+        "virtualNodes=per-member",
+        "--set",
+        "serviceMonitor.nodeProxy.enabled=true",
+        check=False,
+    )
+    assert failed.returncode != 0 and "list the members in values" in failed.stderr, failed.stderr
+
+
 def exposed_metric_names() -> set[str]:
     """Every sample name the federation provider's /metrics can carry (a provider built, not
     run: its registry holds every family, with or without samples)."""

@@ -445,6 +445,7 @@ async def test_config_maps_secrets_and_headless_services_follow_their_pods(
         await cleanup(lab, offline, ns)
 
 
+@pytest.mark.long
 async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -74,6 +74,7 @@ async def _kill_and_restart_at(proc: VkProcess, moment: float) -> tuple[float, f
 
 
 @pytest.mark.lab_turn(shares=["offline", *AWAY])
+@pytest.mark.long
 async def test_a_gang_waiting_for_room_restarted_two_thirds_in_times_out_once_at_its_timeout(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
@@ -123,6 +124,7 @@ async def test_a_gang_waiting_for_room_restarted_two_thirds_in_times_out_once_at
 
 
 @pytest.mark.lab_turn(shares=["offline", *AWAY])
+@pytest.mark.long
 async def test_a_gang_its_member_does_not_bind_restarted_two_thirds_in_rolls_back_at_its_timeout(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -1,8 +1,8 @@
 """Onboarding end to end (issue 11, parts 2 and 3): `vkprovider onboard` joins tenants A and B
-to member-1 and member-2 of the lab, each tenant's provider runs pods with nothing but the
-credential onboarding made, A's credential is refused by the members wherever B or online work
-lives, a second onboard changes nothing, and `offboard` of A leaves nothing labelled A while B
-keeps running."""
+to member-2 and member-3 of the lab (away from member-1, so it runs beside the reclaim chain),
+each tenant's provider runs pods with nothing but the credential onboarding made, A's
+credential is refused by the members wherever B or online work lives, a second onboard changes
+nothing, and `offboard` of A leaves nothing labelled A while B keeps running."""
 
 from __future__ import annotations
 
@@ -36,9 +36,13 @@ from tests.e2e.vk import VkProcess
 from vkprovider.kube import ApiError, Forbidden, KubeClient, NotFound
 from vkprovider.kube.access import parse_kubeconfig
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=["member-2", "member-3"], shares=["offline"]),
+]
 
-MEMBERS = ("member-1", "member-2")
+MEMBERS = ("member-2", "member-3")
 FRONT_NS = "vkprovider-tenants"
 QUOTA_CPU = 2  # B's quota per member, in CPUs
 
@@ -148,7 +152,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
 
     try:
         # A dry run prints the plan and changes nothing.
-        rc, out = await cli("onboard", *onboarding(a, "member-1"), "--dry-run")
+        rc, out = await cli("onboard", *onboarding(a, MEMBERS[0]), "--dry-run")
         assert rc == 0, out
         assert "ValidatingAdmissionPolicy" in out and "create" in out and "(dry run)" in out, out
         assert await labelled(lab, a) == {}
@@ -162,8 +166,8 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
 
         # Again: nothing changes, to the resourceVersion.
         before = await labelled(lab, a)
-        assert {k[:2] for k in before} >= {("member-1", "ClusterRole"), ("offline", "MemberCluster")}
-        rc, out = await cli("onboard", *onboarding(a, "member-1"))
+        assert {k[:2] for k in before} >= {(MEMBERS[0], "ClusterRole"), ("offline", "MemberCluster")}
+        rc, out = await cli("onboard", *onboarding(a, MEMBERS[0]))
         assert rc == 0 and "changed 0 of" in out, out
         assert await labelled(lab, a) == before
 

@@ -32,6 +32,9 @@ from vkprovider.kube import ApiError, KubeClient, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
+#: The member that blips: not member-1, so the test runs beside the reclaim chain (e2e.fixtures).
+BLIP = "member-2"
+
 OUTAGE = 45.0
 COMPLETING = 200  # pods that complete in a member during or just after its outage
 STARTING = 200  # pods that start in members while the front end is down
@@ -122,12 +125,12 @@ def condition(pod: dict[str, Any], ctype: str) -> dict[str, Any] | None:
 
 
 async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> None:
-    """member-1 stops for 45 s with 20 pods running: none fails, each shows the condition, none
+    """BLIP stops for 45 s with 20 pods running: none fails, each shows the condition, none
     is created again; 200 that complete meanwhile (or just after) show Succeeded, 2 deleted
     meanwhile are deleted in the member once it answers; after its return the provider lists the
     member's pods once (its watch expired: one relist, not a storm)."""
     user = f"vk-blip-{uuid.uuid4().hex[:6]}"
-    proc = federation_vk(lab, workdir, ["member-1"], audited_as=user)
+    proc = federation_vk(lab, workdir, [BLIP], audited_as=user)
     await start_provider(proc, 1)
     ns = await make_namespace(offline, f"blip-{uuid.uuid4().hex[:6]}")
     try:
@@ -143,14 +146,14 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
         await create_pods(offline, ns, bodies)
         total = len(bodies)
         await eventually(lambda: running(offline, ns, total), timeout=60, what=f"{total} pods running")
-        before = {n: p["metadata"]["uid"] for n, p in (await member_pods(lab, "member-1", ns)).items()}
+        before = {n: p["metadata"]["uid"] for n, p in (await member_pods(lab, BLIP, ns)).items()}
         assert sorted(before) == sorted(names + done + doomed)
 
         path = f"/api/v1/namespaces/{ns}/pods"
         since = await listed_version(offline, path)  # the outage is watched from before it begins
         stopped_wall = time.time()
         stopped_at = time.monotonic()
-        await asyncio.to_thread(lab_mod.stop_cluster, lab.state_dir, "member-1")
+        await asyncio.to_thread(lab_mod.stop_cluster, lab.state_dir, BLIP)
         seen_condition: set[str] = set()
         failed: set[str] = set()
         try:
@@ -167,10 +170,10 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
                 if item["status"].get("phase") == "Failed":
                     failed.add(name)
                 cond = condition(item, CONDITION)
-                if cond is not None and cond["status"] == "False" and "member-1" in cond.get("message", ""):
+                if cond is not None and cond["status"] == "False" and BLIP in cond.get("message", ""):
                     seen_condition.add(name)
         finally:
-            await lab_mod.start_cluster(lab.state_dir, "member-1")
+            await lab_mod.start_cluster(lab.state_dir, BLIP)
         assert not failed, f"front-end pods failed during a {OUTAGE:.0f}s member outage: {sorted(failed)}"
         assert set(names) <= seen_condition, f"no {CONDITION}=False seen on {sorted(set(names) - seen_condition)}"
 
@@ -186,8 +189,8 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
 
         # 90 s: the member's KWOK, restarted with it, completes 200 pods in that time on a busy machine.
         await eventually(settled, timeout=90, what="running pods without the condition, completed ones Succeeded")
-        lists = relists(lab, "member-1", user, since=stopped_wall)
-        print(f"after member-1's return the provider listed: {dict(lists)}")
+        lists = relists(lab, BLIP, user, since=stopped_wall)
+        print(f"after its return the provider listed: {dict(lists)}")
         # One list per watch (nodes, pods, topologies), and perhaps one more while the apiserver
         # came up; a storm would be one per pod or per retry. (Reflected ConfigMaps, Secrets and
         # Services are listed by the periodic clean-up, watch or no watch.)
@@ -208,10 +211,10 @@ async def blip_fails_nothing(lab: Lab, offline: KubeClient, workdir: Path) -> No
             # The front end force-deletes a pod whose grace period ran out during the outage;
             # its member pod goes once the member answers (the deletion retried, or the orphan
             # reconciler on the member's relist), which may come a little after `settled`.
-            found = await member_pods(lab, "member-1", ns)
+            found = await member_pods(lab, BLIP, ns)
             return found if not set(doomed) & set(found) else None
 
-        after = await eventually(deletions_reached_member, timeout=30, what="deleted pods gone from member-1")
+        after = await eventually(deletions_reached_member, timeout=30, what="deleted pods gone from the member")
         assert {n: p["metadata"]["uid"] for n, p in after.items()} == {n: before[n] for n in names + done}, (
             "member pods were re-created or duplicated"
         )
@@ -291,6 +294,8 @@ async def lost_pods_leave_no_orphans(lab: Lab, offline: KubeClient, workdir: Pat
         await cleanup_and_stop(lab, offline, ns, proc)
 
 
+@pytest.mark.lab_turn(alone=[BLIP, "member-3"], shares=["offline"])
+@pytest.mark.long
 async def test_member_outages_fail_nothing_before_pods_lost_after_and_leave_no_orphans_after_it(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -280,6 +280,7 @@ async def _drain(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rando
 
 
 @pytest.mark.shares_lab  # its outage is a proxy cut for its own provider, not a stopped apiserver
+@pytest.mark.long
 async def test_randomized_restarts_during_outages_gang_waits_and_drains_end_as_without_them(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

@@ -65,6 +65,7 @@ async def _lost(offline: KubeClient, ns: str) -> list[dict[str, Any]] | None:
 
 
 @pytest.mark.lab_turn(shares=["offline", MEMBER])
+@pytest.mark.long
 async def test_a_restart_in_the_middle_of_an_outage_keeps_its_clocks(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

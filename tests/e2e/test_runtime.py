@@ -530,6 +530,9 @@ def _log_time(proc: VkProcess, event: str) -> float | None:
     return None
 
 
+# Judged by its own replicas' audited writes, so it shares the front end (beside the reclaim chain).
+@pytest.mark.lab_turn(shares=["offline"])
+@pytest.mark.long
 async def test_leader_election_hands_over_without_double_writes(lab: Lab, offline: KubeClient, vk: Any) -> None:
     """Three replicas of one node, each with its own audited identity, judged by the front-end
     apiserver's audit log rather than by their own counters:

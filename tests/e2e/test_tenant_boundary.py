@@ -272,6 +272,7 @@ async def _rights_of_nobody(lab: Lab, namespace: str, workdir: Path) -> dict[str
 
 
 @pytest.mark.shares_lab
+@pytest.mark.long
 async def test_tenant_tokens_renew_and_a_deleted_binding_cuts_the_provider_off(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:

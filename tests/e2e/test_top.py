@@ -57,6 +57,7 @@ def millicores(figures: str) -> int:
     return int(cpu.removesuffix("m")) if cpu.endswith("m") else int(cpu) * 1000
 
 
+@pytest.mark.long
 async def test_kubectl_top_shows_the_member_pods_usage(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
     user = f"top-{uuid.uuid4().hex[:6]}"
     proc = federation_vk(

@@ -113,8 +113,11 @@ class KubeletApi:
         max_sessions: int = 1000,
         max_sessions_per_user: int = 0,
         guard: ConnectionGuard | None = None,
+        exposition: Callable[[], bytes] | None = None,
     ) -> None:
         self._node = node
+        #: The provider's own metrics, served at /metrics as a kubelet serves its own there.
+        self._exposition = exposition
         self._limits = limits
         self._max_sessions = max_sessions
         self._open_sessions = 0
@@ -142,6 +145,7 @@ class KubeletApi:
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
         app.router.add_get("/stats/summary", self._summary)
         app.router.add_get("/stats/summary/", self._summary)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metrics/resource", self._resource_metrics)
         app.router.add_route("*", "/exec/{namespace}/{pod}/{container}", self._exec)
         app.router.add_route("*", "/attach/{namespace}/{pod}/{container}", self._attach)
@@ -300,6 +304,11 @@ class KubeletApi:
             return web.Response(status=501, text="this provider does not report stats\n")
         summary = await self._provider.stats_summary(self._node)
         return web.Response(text=json.dumps(summary), content_type="application/json")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self._exposition is None:
+            return web.Response(status=404, text="no metrics registry\n")
+        return web.Response(body=self._exposition(), content_type="text/plain")
 
     async def _resource_metrics(self, request: web.Request) -> web.Response:
         if not isinstance(self._provider, StatsProvider):

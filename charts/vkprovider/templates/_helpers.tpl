@@ -71,3 +71,13 @@ plugin runs, or a file a kubeconfig names (federation.secretFilePaths). */}}
 {{ toYaml . | indent 6 }}
 {{- end }}
 {{- end -}}
+
+{{/* The virtual nodes' names, space-separated: the pooled node, or one per member listed in
+values (per-member; members added later as MemberCluster objects are not known here). */}}
+{{- define "vkprovider.nodeNames" -}}
+{{- if eq .Values.virtualNodes "pooled" -}}
+{{ .Values.nodeName }}
+{{- else -}}
+{{- range $i, $m := .Values.members }}{{ if $i }} {{ end }}{{ $.Values.nodeName }}-{{ $m.name }}{{ end -}}
+{{- end -}}
+{{- end -}}
