@@ -26,6 +26,8 @@ from vkprovider.kube import KubeClient, Unreachable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
+#: The kill -9 trials' members: not member-1, so they run beside the reclaim chain (e2e.fixtures).
+KILL_MEMBERS = ["member-2", "member-3"]
 GPU = "nvidia.com/gpu"
 V100 = "Tesla-V100-SXM2-32GB"
 
@@ -445,6 +447,7 @@ async def test_config_maps_secrets_and_headless_services_follow_their_pods(
         await cleanup(lab, offline, ns)
 
 
+@pytest.mark.lab_turn(alone=KILL_MEMBERS, shares=["offline"])
 @pytest.mark.long
 async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     lab: Lab, offline: KubeClient, tmp_path: Path
@@ -458,14 +461,14 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
 
     timeout = 20.0
     slack = 3.0  # the gang timer's 0.5 s tick, the rollback's delete and the watch's delivery
-    proc = federation_vk(lab, tmp_path, lab.members)
+    proc = federation_vk(lab, tmp_path, KILL_MEMBERS)
     await start_synced(proc)
     rng = random.Random(32)
     try:
         for trial in range(KILL_TRIALS):
             ns = await make_namespace(offline, f"kill{trial}-{uuid.uuid4().hex[:5]}")
             job = JobRef(ns, "native", "g32")
-            watch = MemberWatch.for_job(lab, lab.members, jobs.job_hash(job))
+            watch = MemberWatch.for_job(lab, KILL_MEMBERS, jobs.job_hash(job))
             await watch.start()
             try:
                 annotations = {"vkprovider.io/gang-timeout-seconds": str(int(timeout))}
@@ -506,7 +509,7 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
                 await asyncio.sleep(1.0)  # let the watches deliver the last events
                 watch.check()
                 end = time.monotonic()
-                for member in lab.members:
+                for member in KILL_MEMBERS:
                     for began, ended in partial_spans(watch.history, member=member, minimum=32, end=end):
                         assert ended - began <= timeout + restart + slack, (
                             f"trial {trial}: {member} held part of the gang for {ended - began:.1f}s "
@@ -520,7 +523,7 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
                     if s.path.endswith("/pods") and front.get(s.name) != s.origin_uid
                 }
                 assert not strays, f"trial {trial}: member pods whose origin is no live front-end pod: {strays}"
-                holders = [m for m in lab.members if watch.holding(m)]
+                holders = [m for m in KILL_MEMBERS if watch.holding(m)]
                 assert len(holders) == 1, f"trial {trial}: gang split across {holders}"
                 assert len(watch.holding(holders[0])) == 32, f"trial {trial}: {holders[0]} holds a partial gang"
             finally:

@@ -24,7 +24,15 @@ from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.test_outages import member_pods, plain_pod, start_provider
 from vkprovider.kube import KubeClient
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+#: Not member-1, so the test runs beside the reclaim chain (e2e.fixtures); alone there, as it
+#: writes the member's KWOK container log.
+MEMBER = "member-3"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=[MEMBER], shares=["offline"]),
+]
 
 
 def append(log: Path, lines: list[str]) -> None:
@@ -45,10 +53,10 @@ def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 async def test_kubectl_logs_of_a_member_pod_answer_as_the_member_does(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    proc = federation_vk(lab, tmp_path, ["member-1"])
+    proc = federation_vk(lab, tmp_path, [MEMBER])
     await start_provider(proc, 1)
     ns = await make_namespace(offline, f"logs-{uuid.uuid4().hex[:6]}")
-    log = lab_mod.kwok_log_file(lab.state_dir, "member-1")
+    log = lab_mod.kwok_log_file(lab.state_dir, MEMBER)
     try:
         await offline.create(f"/api/v1/namespaces/{ns}/pods", plain_pod("talker", proc.node))
 
@@ -56,11 +64,11 @@ async def test_kubectl_logs_of_a_member_pod_answer_as_the_member_does(
             items = await pods(offline, ns)
             return items if items and items[0]["status"].get("phase") == "Running" else None
 
-        await eventually(running, timeout=60, what="the pod running in member-1")
-        member_pod = (await member_pods(lab, "member-1", ns))["talker"]["metadata"]
+        await eventually(running, timeout=60, what="the pod running in the member")
+        member_pod = (await member_pods(lab, MEMBER, ns))["talker"]["metadata"]
         append(log, [f"{ns} line {i}" for i in range(6)])
         front = [*kubectl(lab, "offline", ns), "logs", "talker"]
-        member = [*kubectl(lab, "member-1", member_pod["namespace"]), "logs", member_pod["name"]]
+        member = [*kubectl(lab, MEMBER, member_pod["namespace"]), "logs", member_pod["name"]]
         for flags in (
             [],
             ["--tail", "3"],
@@ -91,7 +99,7 @@ async def test_kubectl_logs_of_a_member_pod_answer_as_the_member_does(
 
         # The member pod deleted in the member (with its grace period): the end of its log is
         # read while it terminates and kept, so kubectl still prints it on the Failed pod.
-        async with lab.client("member-1") as admin:
+        async with lab.client(MEMBER) as admin:
             path = f"/api/v1/namespaces/{member_pod['namespace']}/pods/{member_pod['name']}"
             await admin.delete(path, body={"gracePeriodSeconds": 5})
 

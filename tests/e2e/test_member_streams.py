@@ -33,7 +33,15 @@ from tests.e2e.test_runtime import running
 from tests.localhttp import serving
 from vkprovider.kube import KubeClient, NotFound
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
+#: Not member-1, so the test runs beside the reclaim chain (e2e.fixtures); alone there, as it
+#: writes the member's KWOK container log.
+MEMBER = "member-3"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.lab_turn(alone=[MEMBER], shares=["offline"]),
+]
 
 FORWARDS = "/apis/kwok.x-k8s.io/v1alpha1/clusterportforwards"
 
@@ -80,23 +88,23 @@ def sha256(path: Path) -> str:
 async def test_attach_cp_port_forward_and_a_terminal_reach_the_member_pod(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    proc = federation_vk(lab, tmp_path, ["member-1"])
+    proc = federation_vk(lab, tmp_path, [MEMBER])
     await start_provider(proc, 1)
     ns = await make_namespace(offline, f"mstream-{uuid.uuid4().hex[:6]}")
     front = kubectl(lab, "offline", ns)
-    workdir = lab_mod.kwok_exec_dir(lab.state_dir, "member-1")
+    workdir = lab_mod.kwok_exec_dir(lab.state_dir, MEMBER)
     forward_name = f"test-{ns}"
     try:
         await offline.create(f"/api/v1/namespaces/{ns}/pods", plain_pod("worker", proc.node))
-        await eventually(lambda: running(offline, ns, 1), timeout=60, what="the pod running in member-1")
-        member_pod = (await member_pods(lab, "member-1", ns))["worker"]["metadata"]
+        await eventually(lambda: running(offline, ns, 1), timeout=60, what="the pod running in the member")
+        member_pod = (await member_pods(lab, MEMBER, ns))["worker"]["metadata"]
 
         # attach: the container's new output arrives (KWOK attaches to the member's log file).
         attach = await asyncio.create_subprocess_exec(
             *front, "attach", "worker", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
         try:
-            log = lab_mod.kwok_log_file(lab.state_dir, "member-1")
+            log = lab_mod.kwok_log_file(lab.state_dir, MEMBER)
 
             async def said() -> str:
                 append(log, [f"{ns} attached"])
@@ -135,7 +143,7 @@ async def test_attach_cp_port_forward_and_a_terminal_reach_the_member_pod(
             assert sha256(back) == sha256(local)
 
         # port-forward: two ports, each to one of the test's servers, 50 requests at once.
-        async with http_server("alpha") as alpha, http_server("beta") as beta, lab.client("member-1") as member:
+        async with http_server("alpha") as alpha, http_server("beta") as beta, lab.client(MEMBER) as member:
             await member.create(
                 FORWARDS,
                 {
@@ -178,7 +186,7 @@ async def test_attach_cp_port_forward_and_a_terminal_reach_the_member_pod(
         await asyncio.to_thread(term.send, b"\x04")
         assert await asyncio.to_thread(term.wait) == 0, term.output
     finally:
-        async with lab.client("member-1") as member:
+        async with lab.client(MEMBER) as member:
             with contextlib.suppress(NotFound):  # the test failed before making it
                 await member.delete(f"{FORWARDS}/{forward_name}")
         await cleanup_and_stop(lab, offline, ns, proc)
