@@ -486,29 +486,20 @@ async def _start_cluster_components(
                 ),
             ),
         )
-    await _wait(
-        lab,
-        scheduler,
-        lambda: _http_ok(session, f"https://127.0.0.1:{cluster_ports.scheduler}/healthz"),
-        what=f"{name} kube-scheduler",
-        timeout=START_TIMEOUT,
-    )
-    await _wait(
-        lab,
-        kcm,
-        lambda: _http_ok(session, f"https://127.0.0.1:{cluster_ports.controller_manager}/healthz"),
-        what=f"{name} kube-controller-manager",
-        timeout=START_TIMEOUT,
-    )
-    # Live, not ready: it is ready once it has scraped (a resolution later); `kubectl top`
-    # waits for that, not the lab.
-    await _wait(
-        lab,
-        metrics_server,
-        lambda: _http_ok(session, f"https://127.0.0.1:{cluster_ports.metrics_server}/livez"),
-        what=f"{name} metrics-server",
-        timeout=START_TIMEOUT,
-    )
+    # The metrics-server is waited for live, not ready: it is ready once it has scraped (a
+    # resolution later); `kubectl top` waits for that, not the lab.
+    for process, port, path, what in (
+        (scheduler, cluster_ports.scheduler, "/healthz", "kube-scheduler"),
+        (kcm, cluster_ports.controller_manager, "/healthz", "kube-controller-manager"),
+        (metrics_server, cluster_ports.metrics_server, "/livez", "metrics-server"),
+    ):
+        await _wait(
+            lab,
+            process,
+            functools.partial(_http_ok, session, f"https://127.0.0.1:{port}{path}"),
+            what=f"{name} {what}",
+            timeout=START_TIMEOUT,
+        )
     watched = cluster.processes.get("kwok", kcm)
     await _wait(
         lab, watched, lambda: _cluster_ready(lab, cluster), what=f"{name} nodes and accounts", timeout=START_TIMEOUT
