@@ -17,8 +17,9 @@ import yaml
 
 
 class CutProxy:
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, *, listen: str = "127.0.0.1") -> None:
         self._source = kubeconfig
+        self._listen = listen
         config = yaml.safe_load(kubeconfig.read_text())
         server = urlsplit(config["clusters"][0]["cluster"]["server"])
         self._target = (server.hostname or "127.0.0.1", server.port or 443)
@@ -29,7 +30,7 @@ class CutProxy:
         self.port = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, self._listen, 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     def kubeconfig(self, path: Path) -> Path:

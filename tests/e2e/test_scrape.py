@@ -7,15 +7,13 @@ the provider's /metrics and /metrics/resource through `/api/v1/nodes/NODE/proxy/
 
 The lab's apiservers listen on loopback with no endpoint reconciler, and Endpoints refuse
 loopback addresses, so the test gives `default/kubernetes` an endpoint at the lab's own node
-address, forwarded to the apiserver (what a cluster's endpoint reconciler would publish)."""
+address, forwarded to the apiserver by tests.e2e.cutproxy (what a cluster's endpoint reconciler would publish)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import yaml
 
 from e2e import audit
 from e2e.fixtures import Lab
+from tests.e2e.cutproxy import CutProxy
 from tests.e2e.helpers import delete_namespace, eventually, make_namespace
 from tests.e2e.prometheus import Prometheus, scrape_configs
 from tests.e2e.test_chart import one, render
@@ -43,38 +42,8 @@ CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 APISERVER_ENDPOINTS = "/api/v1/namespaces/default/endpoints/kubernetes"
 
 
-@contextlib.asynccontextmanager
-async def forwarded(host: str, to_port: int) -> AsyncIterator[int]:
-    """A TCP port on `host` that forwards each connection to the apiserver on loopback."""
-    pipes: set[asyncio.Task[None]] = set()
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while chunk := await reader.read(65536):
-                writer.write(chunk)
-                await writer.drain()
-        writer.close()
-
-    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", to_port)
-        for name, args in (("up", (reader, up_writer)), ("down", (up_reader, writer))):
-            task = asyncio.create_task(pipe(*args), name=f"test/forward-{name}")
-            pipes.add(task)
-            task.add_done_callback(pipes.discard)
-
-    server = await asyncio.start_server(connected, host, 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for task in list(pipes):
-            task.cancel()
-        await asyncio.gather(*pipes, return_exceptions=True)
-        await server.wait_closed()
-
-
-def _files(lab: Lab, workdir: Path) -> tuple[str, int, dict[str, str]]:
-    """The front end's apiserver URL and port, and TLS files for service discovery (the lab's
+def _files(lab: Lab, workdir: Path) -> tuple[str, dict[str, str]]:
+    """The front end's apiserver URL, and TLS files for service discovery (the lab's
     admin certificate, standing in for the operator's Prometheus's in-cluster account)."""
     config = yaml.safe_load(lab.kubeconfig("offline").read_text())
     cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
@@ -88,7 +57,7 @@ def _files(lab: Lab, workdir: Path) -> tuple[str, int, dict[str, str]]:
         (workdir / name).write_bytes(base64.b64decode(data))
         tls[key] = str(workdir / name)
     server = cluster["server"]
-    return server, int(server.rsplit(":", 1)[1]), tls
+    return server, tls
 
 
 async def test_prometheus_scrapes_the_virtual_kubelet_through_the_node_proxy_with_the_charts_monitor(
@@ -115,7 +84,7 @@ async def test_prometheus_scrapes_the_virtual_kubelet_through_the_node_proxy_wit
     for obj in (role, binding):
         obj["metadata"]["name"] = f"scraper-{suffix}"
     binding["roleRef"]["name"] = role["metadata"]["name"]
-    server, port, sd_tls = _files(lab, tmp_path)
+    server, sd_tls = _files(lab, tmp_path)
     rbac = "/apis/rbac.authorization.k8s.io/v1"
     try:
         await offline.create(f"{rbac}/clusterroles", role)
@@ -130,12 +99,14 @@ async def test_prometheus_scrapes_the_virtual_kubelet_through_the_node_proxy_wit
         prometheus = Prometheus(tmp_path, scrape_configs(monitor, api_server=server, sd_tls=sd_tls, files=files))
         address = lab.state.node_address
         assert address, "the lab has no node address of its own"
-        async with forwarded(address, port) as front_port:
+        forward = CutProxy(lab.kubeconfig("offline"), listen=address)
+        await forward.start()
+        try:
             await offline.create(
                 APISERVER_ENDPOINTS.rsplit("/", 1)[0],
                 {
                     "metadata": {"name": "kubernetes"},
-                    "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "https", "port": front_port}]}],
+                    "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "https", "port": forward.port}]}],
                 },
             )
             with prometheus.running():
@@ -177,6 +148,8 @@ async def test_prometheus_scrapes_the_virtual_kubelet_through_the_node_proxy_wit
                     what="the pod's resource metrics scraped",
                 )
                 assert {s["metric"]["pod"] for s in series} == {"busy"}, series
+        finally:
+            await forward.stop()
         # Every scrape went through the node proxy as Prometheus's own account.
         user = f"system:serviceaccount:{ns}:prometheus"
         proxied = [r for r in audit.records(lab.state, "offline", users={user}) if r.resource == "nodes"]
