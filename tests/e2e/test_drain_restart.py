@@ -169,7 +169,8 @@ async def _trial(
     if delete:
         # Held by our finalizer while our pods were there, gone only after the last one.
         assert any(there and left for there, left in samples), f"{what}: never seen held while draining"
-        assert not [left for there, left in samples if not there and left], f"{what}: the object went before the drain"
+        early = [left for there, left in samples if not there and left]
+        assert not early, f"{what}: the object went before the drain; the provider said:\n{_said(scene)}"
         await scene.offline.create(
             MEMBERS,
             {
@@ -189,6 +190,11 @@ async def _trial(
     await eventually(lendable, timeout=30, what=f"{what}: the member lending again")
     for name in names:
         await scene.offline.delete(f"/api/v1/namespaces/{scene.ns}/pods/{name}", params={"gracePeriodSeconds": 0})
+
+
+def _said(scene: Scene) -> str:
+    """The provider's log lines about the scene's member, across its restarts."""
+    return "\n".join(line for line in scene.proc.log_path.read_text().splitlines() if scene.member in line)
 
 
 async def _sample(scene: Scene, names: set[str], samples: list[tuple[bool, int]]) -> None:
