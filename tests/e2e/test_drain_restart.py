@@ -81,15 +81,24 @@ async def _trial(
             f"/api/v1/namespaces/{scene.ns}/pods", front_pod(name, scene.proc.node, cpu=4, role="worker-min")
         )
     await eventually(lambda: scene.running(names), timeout=60, what=f"{what}: pods running")
+
+    async def held() -> bool:
+        # A re-created object is held once the provider takes it up; deleted before that, it
+        # would go at once, and the test would not be about a drain.
+        return FINALIZER in (await scene.offline.get(scene.path))["metadata"].get("finalizers", [])
+
+    await eventually(held, timeout=30, what=f"{what}: the MemberCluster held by our finalizer")
     samples: list[tuple[bool, int]] = []  # (the MemberCluster still there, our pods in member-1)
     sampler = asyncio.create_task(_sample(scene, names, samples), name=f"drain-restart/sampler-{trial}")
     try:
+        asked = time.time()
         if delete:
             await scene.offline.delete(scene.path)
         else:
             await scene.spec({"enabled": False})
         await asyncio.sleep(kill_after)
         scene.proc.kill()
+        killed = time.time() - asked  # beyond kill_after when this loop was late
         scene.proc.start()
         await scene.proc.wait_ready(timeout=60)
 
@@ -170,7 +179,10 @@ async def _trial(
         # Held by our finalizer while our pods were there, gone only after the last one.
         assert any(there and left for there, left in samples), f"{what}: never seen held while draining"
         early = [left for there, left in samples if not there and left]
-        assert not early, f"{what}: the object went before the drain; the provider said:\n{_said(scene)}"
+        assert not early, (
+            f"{what}: the object went before the drain (killed {killed:.1f}s after the change); the provider said:\n"
+            f"{_said(scene)}"
+        )
         await scene.offline.create(
             MEMBERS,
             {
