@@ -14,7 +14,9 @@ each other, every other lab test runs alone.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,14 +149,24 @@ def turn_of(item: pytest.Item) -> tuple[frozenset[str], frozenset[str]]:
 def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A lab test's turn at the shared lab (e2e.turns), held from before its first fixture to
     after its last; only where several processes share the lab."""
-    if not WORKER or not _uses_lab(request.node):
+    if not WORKER:
         yield
         return
     reuse = os.environ.get("VKPROVIDER_LAB_STATE")
     where = Path(reuse) if reuse else _run_root(tmp_path_factory)
-    alone, shares = turn_of(request.node)
-    with turns.turn(where, alone=alone, shares=shares):
+    asked = got = time.time()
+    if not _uses_lab(request.node):
         yield
+    else:
+        alone, shares = turn_of(request.node)
+        with turns.turn(where, alone=alone, shares=shares):
+            got = time.time()
+            yield
+    # Where a run waits (a worker idle while another holds a turn it needs), for whoever
+    # shortens the run: one line per test, in the lab's directory.
+    line = {"test": request.node.nodeid, "worker": WORKER, "asked": asked, "got": got, "done": time.time()}
+    with open(where / "turns.log", "a") as log:
+        log.write(json.dumps(line) + "\n")
 
 
 #: The files of the chain's tests. The xdist controller, which schedules, sees test ids and not

@@ -109,6 +109,7 @@ async def test_apply_upgrades_a_crd_helm_would_leave_old(lab: Lab, offline: Kube
             pass
 
 
+@pytest.mark.shares_lab  # no lab: it reads files
 def test_the_default_is_the_providers_own_crd() -> None:
     (crd,) = crds.manifests([])
     assert crd["metadata"]["name"] == "memberclusters.vkprovider.io"

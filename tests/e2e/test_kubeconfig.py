@@ -163,6 +163,7 @@ async def _whoami(client: KubeClient) -> str:
     return str(review["status"]["userInfo"]["username"])
 
 
+@pytest.mark.shares_lab
 async def test_an_exec_plugin_credential_keeps_working_across_expiries(
     lab: Lab, viewer: Account, tmp_path: Path
 ) -> None:

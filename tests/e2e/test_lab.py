@@ -155,6 +155,7 @@ async def test_native_gang_binds_all_together(lab: Lab) -> None:
             await delete_namespace(client, ns)
 
 
+@pytest.mark.lab_turn(alone=["member-2"])  # every GPU of member-2 free
 async def test_native_gang_that_cannot_fit_binds_none(lab: Lab) -> None:
     async with lab.client("member-2") as client:
         ns = await make_namespace(client, f"nofit-{uuid.uuid4().hex[:6]}")
@@ -174,13 +175,14 @@ async def test_native_gang_that_cannot_fit_binds_none(lab: Lab) -> None:
             await delete_namespace(client, ns)
 
 
+@pytest.mark.lab_turn(alone=["member-3"], shares=["member-2"])  # away from member-1 (e2e.fixtures.CHAIN)
 async def test_member_outage_leaves_other_clusters_alone(lab: Lab) -> None:
     await asyncio.to_thread(lab_mod.stop_cluster, lab.state_dir, "member-3")
     try:
         async with lab.client("member-3") as down:
             with pytest.raises(Exception):  # noqa: B017 - any connection error will do
                 await down.get("/api/v1/namespaces", params={"limit": 1})
-        async with lab.client("member-1") as client:
+        async with lab.client("member-2") as client:
             ns = await make_namespace(client, f"outage-{uuid.uuid4().hex[:6]}")
             try:
                 await client.create(f"/api/v1/namespaces/{ns}/pods", pod("p", requests={"cpu": "1"}))
@@ -188,7 +190,7 @@ async def test_member_outage_leaves_other_clusters_alone(lab: Lab) -> None:
                 async def running() -> bool:
                     return any(p["status"].get("phase") == "Running" for p in await pods(client, ns))
 
-                await eventually(running, timeout=60, what="a pod running in member-1 during member-3's outage")
+                await eventually(running, timeout=60, what="a pod running in member-2 during member-3's outage")
             finally:
                 await delete_namespace(client, ns)
     finally:
