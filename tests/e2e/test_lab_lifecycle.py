@@ -1,5 +1,6 @@
 """Bringing labs up and down, and what `up` does with bad input: one clear line, exit status 1,
-and nothing left running of what it had started."""
+and nothing left running of what it had started. Each starts a small lab of its own (its own
+ports and state directory) beside the shared one, so they take no turn at it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def real_binaries() -> dict[str, Path]:
     return binaries.ensure_all()
 
 
+@pytest.mark.shares_lab
 def test_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     state = tmp_path / "small"
     result = _cli("up", "--members", "1", "--nodes-per-member", "2", "--state", state)
@@ -52,6 +54,7 @@ def test_up_then_down_leaves_no_process(tmp_path: Path) -> None:
     assert lab_processes(str(state)) == []
 
 
+@pytest.mark.shares_lab
 def test_up_on_a_busy_port_fails_cleanly(tmp_path: Path) -> None:
     base = ports.find_base(2)  # a block that is free now, so only our socket makes it busy
     port = base + ports.ETCD_PORTS  # the offline cluster's apiserver port
@@ -74,6 +77,7 @@ def test_up_with_a_missing_binary_fails_cleanly(tmp_path: Path, real_binaries: d
     assert lab_processes(str(tmp_path)) == []
 
 
+@pytest.mark.shares_lab
 def test_up_with_a_broken_binary_fails_cleanly(tmp_path: Path, real_binaries: dict[str, Path]) -> None:
     bin_dir = binaries.link_dir({k: v for k, v in real_binaries.items() if k != "kube-apiserver"}, tmp_path / "bin")
     broken = bin_dir / "kube-apiserver"
@@ -87,6 +91,7 @@ def test_up_with_a_broken_binary_fails_cleanly(tmp_path: Path, real_binaries: di
     assert lab_processes(str(state)) == []
 
 
+@pytest.mark.shares_lab
 def test_up_on_a_running_lab_fails_and_leaves_it_running(lab: Lab) -> None:
     before = sorted(lab_processes(str(lab.state_dir)))
     result = _cli("up", "--members", "1", "--state", lab.state_dir)
