@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB ?= .lab
+# Offline stacks the demo's front end runs, e.g. `make demo WITH=jobset,kueue` (e2e.stacks).
+WITH ?=
 
 .PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto image
 
@@ -20,8 +22,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
-# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok and helm from the
-# pinned modules under e2e/tools (minutes when cold, instant when cached).
+# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok, metrics-server,
+# helm, promtool, Prometheus, JobSet and Kueue from the pinned modules under e2e/tools (minutes when
+# cold, instant when cached).
 binaries: $(STAMP)
 	$(BIN)/python -m e2e build
 
@@ -56,7 +59,7 @@ test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 demo: $(STAMP) binaries
-	$(BIN)/python -m e2e.demo --state $(LAB)
+	$(BIN)/python -m e2e.demo --state $(LAB) --with "$(WITH)"
 
 down: $(STAMP)
 	-$(BIN)/python -m e2e.demo --stop --state $(LAB)

@@ -1,6 +1,7 @@
 """Control-plane binaries and metrics-server (and helm, promtool and Prometheus, for the chart
-tests), built from the pinned Go tools modules under `e2e/tools/` into a per-user cache keyed by what
-determines the build, so they are rebuilt only when a pin changes.
+tests; JobSet and Kueue, for the offline stacks the lab runs on request), built from the pinned
+Go tools modules under `e2e/tools/` into a per-user cache keyed by what determines the build,
+so they are rebuilt only when a pin changes.
 
 Never written inside the repository. The cache root is `$VKPROVIDER_CACHE_DIR`, else
 `$XDG_CACHE_HOME/vkprovider`, else `~/.cache/vkprovider`.
@@ -33,11 +34,15 @@ BINARIES = {
     "helm": "helm",
     "promtool": "promtool",
     "prometheus": "promtool",
+    "jobset": "jobset",
+    "kueue": "kueue",
 }
 
 #: Built like the others for the tests (the chart tests' client), but never run by the lab, so a
 #: `--bin-dir` need not hold them.
 NOT_RUN_BY_LAB = frozenset({"helm", "promtool", "prometheus"})
+#: Run by the lab only when asked (`up --with`, e2e.stacks): a `--bin-dir` need not hold them either.
+STACKS = frozenset({"jobset", "kueue"})
 
 
 class BinaryError(RuntimeError):
@@ -145,6 +150,19 @@ def tool_builds() -> dict[str, ToolBuild]:
             },
             ldflags=("-s", "-w"),
         ),
+        # The offline stacks the lab runs on request (e2e.stacks), unmodified, as their releases build them.
+        "jobset": ToolBuild(
+            module="jobset",
+            main_module="sigs.k8s.io/jobset",
+            packages={"jobset": "sigs.k8s.io/jobset"},
+            ldflags=("-s", "-w"),
+        ),
+        "kueue": ToolBuild(
+            module="kueue",
+            main_module="sigs.k8s.io/kueue",
+            packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+            ldflags=("-s", "-w"),
+        ),
     }
 
 
@@ -218,7 +236,7 @@ def ensure_all() -> dict[str, Path]:
 
 def from_dir(bin_dir: Path) -> dict[str, Path]:
     """The lab's binaries taken from one directory (`--bin-dir`), checked to exist and be executable."""
-    paths = {name: bin_dir / name for name in BINARIES if name not in NOT_RUN_BY_LAB}
+    paths = {name: bin_dir / name for name in BINARIES if name not in NOT_RUN_BY_LAB | STACKS}
     for name, path in paths.items():
         if not path.is_file():
             raise BinaryError(f"binary {name} not found at {path}")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from e2e import lab as lab_mod
-from e2e import online, status
+from e2e import online, stacks, status
 from e2e.binaries import BinaryError, ensure_all
 from vkprovider.kube import ApiError
 
@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         "--port-base", type=int, default=None, help="first of a block of loopback ports (default: any free)"
     )
     up.add_argument("--bin-dir", type=Path, default=None, help="take binaries from here instead of the build cache")
+    up.add_argument(
+        "--with",
+        dest="stacks",
+        default="",
+        help=f"offline stacks to run in the front end, comma-separated ({','.join(stacks.KNOWN)})",
+    )
     up.add_argument("--state", type=Path, required=True)
 
     for name, text in (("down", "stop every process of the lab"), ("status", "print clusters, nodes and pods")):
@@ -75,6 +81,7 @@ async def _run(args: argparse.Namespace) -> int:
             offline_profile=args.offline_profile,
             port_base=args.port_base,
             bin_dir=args.bin_dir,
+            stacks=stacks.parse(args.stacks),
         )
         lab = await lab_mod.up(args.state, spec)
         print(await status.table(lab))
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except (lab_mod.LabError, BinaryError, online.LoadError) as exc:
+    except (lab_mod.LabError, BinaryError, online.LoadError, stacks.StackError) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except ApiError as exc:
         print(f"error: the apiserver refused: {exc}", file=sys.stderr)

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from e2e import binaries, online, state, status
+from e2e import binaries, online, stacks, state, status
 from e2e import lab as lab_mod
 from e2e.components import SCRAPED_LABEL
 from vkprovider import status as vk_status
@@ -160,15 +160,18 @@ async def _submit_jobs(client: KubeClient) -> None:
             await client.create(path, body)
 
 
-async def demo(state_dir: Path) -> None:
+async def demo(state_dir: Path, with_stacks: tuple[str, ...] = ()) -> None:
     state_dir = state_dir.resolve()
     existing = state.load(state_dir) if (state_dir / "state.json").exists() else None
     if existing and lab_mod.is_running(existing):
         lab = existing
         print(f"reusing the lab running in {state_dir}")
+        if with_stacks:
+            await lab_mod.add_stacks(state_dir, with_stacks)
     else:
         print("starting the lab: offline (3 native nodes) + 3 members x 20 simulated nodes (cpu, gpu-v100, gpu-t4)")
-        lab = await lab_mod.up(state_dir, lab_mod.LabSpec(members=3, nodes_per_member=20, offline_nodes=3))
+        spec = lab_mod.LabSpec(members=3, nodes_per_member=20, offline_nodes=3, stacks=with_stacks)
+        lab = await lab_mod.up(state_dir, spec)
     print(await status.table(lab))
     await online.set_load(lab.kubeconfig("member-1"), cpu_share=0.3, wait=True, name="web")
     print("\nonline load in member-1: 30 % of its CPU")
@@ -370,6 +373,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.demo")
     parser.add_argument("--state", type=Path, default=Path(".lab"))
     parser.add_argument("--stop", action="store_true", help="stop the demo's vkprovider and the lab")
+    parser.add_argument("--with", dest="stacks", default="", help="offline stacks in the front end (jobset,kueue)")
     args = parser.parse_args()
     try:
         if args.stop:
@@ -378,8 +382,8 @@ def main() -> int:
                 stopped = lab_mod.down(args.state)
                 print(f"stopped vkprovider and {len(stopped)} lab processes")
             return 0
-        asyncio.run(demo(args.state))
-    except (lab_mod.LabError, online.LoadError) as exc:
+        asyncio.run(demo(args.state, stacks.parse(args.stacks)))
+    except (lab_mod.LabError, online.LoadError, stacks.StackError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from e2e import binaries, components, kubeconfig, nodeaddress, nodes, pki, ports, procs, state
+from e2e import binaries, components, kubeconfig, nodeaddress, nodes, pki, ports, procs, stacks, state, turns
 from e2e.state import ClusterState, LabState, ProcessState
 from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, Unreachable, load_kubeconfig
 
@@ -49,6 +49,8 @@ class LabSpec:
     offline_profile: str = "gpu-v100"
     port_base: int | None = None
     bin_dir: Path | None = None
+    #: Offline stacks run in the front end (e2e.stacks), in start order.
+    stacks: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Refuse a spec `up` cannot start, with a message naming the flag."""
@@ -83,9 +85,16 @@ def is_running(lab: LabState) -> bool:
 
 def _resolve_binaries(spec: LabSpec) -> dict[str, Path]:
     try:
-        return binaries.from_dir(spec.bin_dir) if spec.bin_dir else binaries.ensure_all()
+        found = binaries.from_dir(spec.bin_dir) if spec.bin_dir else binaries.ensure_all()
     except binaries.BinaryError as exc:
         raise LabError(str(exc).splitlines()[0]) from exc
+    if spec.bin_dir:
+        for name in spec.stacks:
+            path = spec.bin_dir / stacks.STACKS[name].binary
+            if not path.is_file():
+                raise LabError(f"binary {path.name} not found at {path} (asked for by --with {name})")
+            found[name] = path
+    return found
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -351,7 +360,7 @@ async def up(state_dir: Path, spec: LabSpec) -> LabState:
     lab.save()
     started = time.monotonic()
     try:
-        await _bring_up(lab, plan, bins)
+        await _bring_up(lab, plan, bins, spec.stacks)
     except BaseException as exc:
         teardown(lab)
         if isinstance(exc, LabError):
@@ -365,7 +374,9 @@ async def up(state_dir: Path, spec: LabSpec) -> LabState:
     return lab
 
 
-async def _bring_up(lab: LabState, plan: ports.PortPlan, bins: dict[str, Path]) -> None:
+async def _bring_up(
+    lab: LabState, plan: ports.PortPlan, bins: dict[str, Path], spec_stacks: tuple[str, ...] = ()
+) -> None:
     etcd = _process(
         lab,
         "etcd",
@@ -409,6 +420,52 @@ async def _bring_up(lab: LabState, plan: ports.PortPlan, bins: dict[str, Path]) 
                 for index, (name, cluster) in enumerate(lab.clusters.items())
             )
         )
+    if spec_stacks:
+        await _start_stacks(lab, spec_stacks, bins)
+
+
+async def _start_stacks(lab: LabState, names: tuple[str, ...], bins: dict[str, Path]) -> None:
+    offline = lab.clusters["offline"]
+
+    def spawn(name: str, argv: list[str]) -> ProcessState:
+        proc = _process(lab, name, argv)
+        offline.processes[name.removeprefix("offline-")] = proc
+        return _start(lab, proc)
+
+    async def wait(proc: ProcessState, check: Callable[[], Awaitable[bool]], what: str) -> None:
+        await _wait(lab, proc, check, what=what, timeout=START_TIMEOUT)
+
+    async with KubeClient(load_kubeconfig(lab.kubeconfig("offline"))) as client:
+        try:
+            await stacks.bring_up(lab, names, client=client, bins=bins, spawn=spawn, wait=wait)
+        except stacks.StackError as exc:
+            raise LabError(str(exc)) from exc
+
+
+async def add_stacks(state_dir: Path, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Start the named offline stacks in a running lab, those not running yet (one caller at a
+    time: test workers sharing the lab may ask together); the names started."""
+    with turns.exclusive(state_dir / "stacks.lock"):
+        lab = load_running(state_dir)
+        offline = lab.clusters["offline"]
+        missing = tuple(
+            n for n in names if not (n in offline.processes and procs.alive(offline.processes[n].pid, lab.marker))
+        )
+        if not missing:
+            return ()
+        try:
+            builds = binaries.tool_builds()  # only what is asked for
+            bins = {n: binaries.ensure_built(builds[n]) / stacks.STACKS[n].binary for n in missing}
+        except binaries.BinaryError as exc:
+            raise LabError(str(exc).splitlines()[0]) from exc
+        try:
+            await _start_stacks(lab, missing, bins)
+        except BaseException:
+            # Nothing half-started stays behind (`up` tears the whole lab down instead).
+            started = [offline.processes[n] for n in missing if n in offline.processes]
+            procs.terminate([p.pid for p in started if p.pid], lab.marker)
+            raise
+        return missing
 
 
 async def _wait_apiserver(lab: LabState, cluster: ClusterState, timeout: float) -> None:
@@ -509,7 +566,7 @@ async def _start_cluster_components(
 def teardown(lab: LabState) -> list[str]:
     """Stop every recorded process (controllers first, etcd last) and drop etcd's tmpfs data."""
     stopped: list[str] = []
-    order = ("metrics-server", "kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver")
+    order = (*stacks.KNOWN, "metrics-server", "kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver")
     for kind in order:
         group = [c.processes[kind] for c in lab.clusters.values() if kind in c.processes]
         ended = procs.terminate([p.pid for p in group if p.pid], lab.marker)

@@ -43,6 +43,15 @@ class KeyPair:
         return cert_path, key_path
 
 
+def load(directory: Path, stem: str) -> KeyPair:
+    """A key pair `write` wrote (the lab's CAs, to sign more certificates later)."""
+    cert = x509.load_pem_x509_certificate((directory / f"{stem}.crt").read_bytes())
+    key = serialization.load_pem_private_key((directory / f"{stem}.key").read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / stem}.key is not an EC key")
+    return KeyPair(key, cert)
+
+
 def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
     attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))

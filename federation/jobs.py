@@ -4,7 +4,8 @@ The job is read, in order, from: the native PodGroup (`spec.schedulingGroup.podG
 scheduler-plugins (label `scheduling.x-k8s.io/pod-group`), Volcano (annotation
 `scheduling.k8s.io/group-name` or `scheduling.volcano.sh/group-name`), Koordinator (label
 `pod-group.scheduling.sigs.k8s.io` or annotation `gang.scheduling.koordinator.sh/name`), Kueue pod
-groups (`kueue.x-k8s.io/pod-group-name`), else the controlling owner; a bare pod is its own job.
+groups (`kueue.x-k8s.io/pod-group-name`), JobSet (label `jobset.sigs.k8s.io/jobset-name`: every
+replicated Job of one JobSet is one job), else the controlling owner; a bare pod is its own job.
 The gang minimum, timeout and constraints come from that source (the group object where it
 has one). Roles come from the priority band or a role label.
 """
@@ -22,6 +23,7 @@ SCHEDULER_PLUGINS = "scheduler-plugins"
 VOLCANO = "volcano"
 KOORDINATOR = "koordinator"
 KUEUE = "kueue"
+JOBSET = "jobset"
 OWNER = "owner"
 POD = "pod"
 
@@ -33,6 +35,7 @@ KOORD_MIN = "gang.scheduling.koordinator.sh/min-available"
 KOORD_WAIT = "gang.scheduling.koordinator.sh/waiting-time"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 #: Our annotations (on the group object or the pods) asking for "Same" placement.
 SAME_NETWORK = "vkprovider.io/same-network-pod"
@@ -46,6 +49,7 @@ GROUP_RESOURCES = {
     NATIVE: ("scheduling.k8s.io/v1beta1", "podgroups"),
     SCHEDULER_PLUGINS: ("scheduling.x-k8s.io/v1alpha1", "podgroups"),
     VOLCANO: ("scheduling.volcano.sh/v1beta1", "podgroups"),
+    JOBSET: ("jobset.x-k8s.io/v1alpha2", "jobsets"),
 }
 
 DEFAULT_TIMEOUT = 300.0
@@ -111,6 +115,8 @@ def job_of(pod: dict[str, Any]) -> JobRef:
     kueue = pod_labels.get(KUEUE_GROUP) or annotations.get(KUEUE_GROUP)
     if kueue:
         return JobRef(namespace, KUEUE, kueue)
+    if pod_labels.get(JOBSET_LABEL):
+        return JobRef(namespace, JOBSET, pod_labels[JOBSET_LABEL])
     for owner in meta.get("ownerReferences") or []:
         if owner.get("controller"):
             return JobRef(namespace, OWNER, f"{owner.get('kind', '')}/{owner.get('name', '')}")
@@ -151,6 +157,8 @@ def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> G
             timeout = _number(wait.rstrip("s"), timeout)
     elif job.source == KUEUE:
         minimum = int(_number(annotations.get(KUEUE_TOTAL), 1))
+    elif job.source == JOBSET:
+        minimum = jobset_pods(group_spec)
     return GangSpec(
         min_member=max(1, minimum),
         timeout=timeout,
@@ -160,6 +168,19 @@ def gang_of(job: JobRef, pod: dict[str, Any], group: dict[str, Any] | None) -> G
         topology_key=topology_key,
         checkpoint_seconds=_number(group_annotations.get(labels.CHECKPOINT_SECONDS), 0) or None,
     )
+
+
+def jobset_pods(spec: dict[str, Any]) -> int:
+    """The pods of a JobSet that run at once: each replicated Job's replicas times the pods its
+    Job runs at once (parallelism, no more than its completions), as Kueue counts a JobSet's pod
+    sets. A JobSet has no gang field of its own: its leader and workers start together or not at all."""
+    total = 0
+    for replicated in spec.get("replicatedJobs") or []:
+        job = ((replicated.get("template") or {}).get("spec")) or {}
+        parallelism = int(_number(job.get("parallelism"), 1))
+        completions = int(_number(job.get("completions"), parallelism))
+        total += int(_number(replicated.get("replicas"), 1)) * min(parallelism, completions)
+    return total
 
 
 def role_of(pod: dict[str, Any]) -> str:

@@ -59,6 +59,7 @@ DOCUMENTED = {
     "podgroups.scheduling.k8s.io": {"get", "patch"},
     "podgroups.scheduling.x-k8s.io": {"get", "patch"},
     "podgroups.scheduling.volcano.sh": {"get", "patch"},
+    "jobsets.jobset.x-k8s.io": {"get", "patch"},
     "jobs.batch": {"get"},
     "replicasets.apps": {"get"},
     "statefulsets.apps": {"get"},

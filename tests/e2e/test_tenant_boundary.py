@@ -280,8 +280,9 @@ async def test_tenant_tokens_renew_and_a_deleted_binding_cuts_the_provider_off(
     t = f"k{uuid.uuid4().hex[:5]}"
     work = await make_namespace(offline, f"work-{t}")
     proc = tenant_provider(lab, tmp_path, t)
-    # A renewal every 30 s of a 10-minute token, and a check every 5 s.
-    proc.overrides["provider.federation"].update({"token_renew_after": 0.05, "credential_probe_interval": 5})
+    # A renewal every 12 s of a 10-minute token (the shortest the apiserver issues), and a
+    # check every 5 s.
+    proc.overrides["provider.federation"].update({"token_renew_after": 0.02, "credential_probe_interval": 5})
     secret_path = f"/api/v1/namespaces/{FRONT_NS}/secrets/{t}-{MEMBER}-kubeconfig"
 
     async def stored_expiry() -> float:
@@ -304,7 +305,7 @@ async def test_tenant_tokens_renew_and_a_deleted_binding_cuts_the_provider_off(
             async def three() -> int | None:
                 return renewals() if renewals() >= 3 else None
 
-            await eventually(three, timeout=150, interval=1.0, what="three renewals of the tenant's token")
+            await eventually(three, timeout=90, interval=1.0, what="three renewals of the tenant's token")
             # It keeps working: a pod goes there now, and the Secret holds the newest token.
             await offline.create(f"/api/v1/namespaces/{work}/pods", tenant_pod("after", proc.node))
             await eventually(lambda: running(offline, work, 1), timeout=60, what="a pod after three renewals")

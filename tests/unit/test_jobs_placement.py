@@ -32,6 +32,14 @@ def _pod(**meta: Any) -> dict[str, Any]:
         (_pod(labels={"pod-group.scheduling.sigs.k8s.io": "kd"}), "koordinator", "kd"),
         (_pod(annotations={"gang.scheduling.koordinator.sh/name": "kd2"}), "koordinator", "kd2"),
         (_pod(labels={"kueue.x-k8s.io/pod-group-name": "kq"}), "kueue", "kq"),
+        (
+            _pod(
+                labels={"jobset.sigs.k8s.io/jobset-name": "train"},
+                ownerReferences=[{"kind": "Job", "name": "train-workers-0", "controller": True}],
+            ),
+            "jobset",
+            "train",
+        ),
         (_pod(ownerReferences=[{"kind": "Job", "name": "train", "controller": True}]), "owner", "Job/train"),
         (_pod(), "pod", "p"),
     ],
@@ -63,6 +71,18 @@ def test_gang_specs_from_each_source() -> None:
     assert gang_of(JobRef("ns", "koordinator", "g"), koord, None) == GangSpec(min_member=5, timeout=90)
     kueue = _pod(annotations={"kueue.x-k8s.io/pod-group-total-count": "8"})
     assert gang_of(JobRef("ns", "kueue", "g"), kueue, None).min_member == 8
+    # A leader Job of one pod and 2 worker Jobs of 4 pods at once (of 8 completions), one of 3
+    # completions at parallelism 5 (3 at once).
+    jobset = {
+        "spec": {
+            "replicatedJobs": [
+                {"name": "leader", "replicas": 1, "template": {"spec": {}}},
+                {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 4, "completions": 8}}},
+                {"name": "eval", "template": {"spec": {"parallelism": 5, "completions": 3}}},
+            ]
+        }
+    }
+    assert gang_of(JobRef("ns", "jobset", "train"), _pod(), jobset).min_member == 1 + 8 + 3
     bare = _pod(annotations={"vkprovider.io/gpu-model": "V100", "vkprovider.io/same-gpu-model": "true"})
     spec = gang_of(JobRef("ns", "pod", "p"), bare, None)
     assert not spec.is_gang and spec.gpu_model == "V100" and spec.same_gpu_model
