@@ -7,7 +7,7 @@ import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from federation import labels
 from federation.capacity import quantities
@@ -186,6 +186,28 @@ class RoutingConfig(_Model):
     )
 
 
+class KueueQuotaConfig(_Model):
+    """Kueue's quota kept to the tide (federation.queues): the virtual node's ResourceFlavor in a
+    ClusterQueue gets, as its nominalQuota, what the node offers now (its published, damped
+    allocatable), so Kueue admits no more than the members can lend."""
+
+    cluster_queue: str | None = Field(None, description="The ClusterQueue to keep; unset: off.")
+    flavor: str = Field("", description="The ResourceFlavor of the virtual node in that ClusterQueue.")
+    node: str | None = Field(
+        None, description="The virtual node whose allocatable is the quota; default the provider's (pooled) node."
+    )
+
+    @model_validator(mode="after")
+    def _flavor_named(self) -> KueueQuotaConfig:
+        if self.cluster_queue and not self.flavor:
+            raise ValueError("kueue_quota.flavor must name the virtual node's ResourceFlavor in the ClusterQueue")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cluster_queue)
+
+
 class FederationConfig(_Model):
     members: list[MemberConfig] = Field(default_factory=list, description="Members declared in the settings.")
     member_objects: bool = Field(True, description="Also take members from MemberCluster objects.")
@@ -206,6 +228,7 @@ class FederationConfig(_Model):
         "node.kubernetes.io/unreachable, as unreachable_grace mirrors the node monitor's grace.",
     )
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    kueue_quota: KueueQuotaConfig = Field(default_factory=KueueQuotaConfig)
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     history: HistoryConfig = Field(default_factory=HistoryConfig)
     orphan_interval: float = Field(

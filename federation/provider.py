@@ -45,6 +45,7 @@ from federation.members.outages import Outage
 from federation.members.pods import MemberPods
 from federation.members.recall import FrontRecall
 from federation.members.scope import NamespaceScope
+from federation.queues.kueue import QuotaKeeper
 from federation.reclaim.metrics import ReclaimMetrics
 from federation.reclaim.reclaimer import Reclaimer
 from federation.streams import exec as member_exec
@@ -126,6 +127,11 @@ class FederationProvider:
             events=lambda: self._events,
         )
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
+        self.quota = (
+            QuotaKeeper(config.kueue_quota, front=lambda: self._client, node=self.node_name)
+            if config.kueue_quota.enabled
+            else None
+        )
         self._stream_limits = StreamLimits(idle=config.streaming.idle_timeout, total=config.streaming.max_duration)
         self.usage = UsageStats(
             index=self.dispatcher.reports,
@@ -225,6 +231,8 @@ class FederationProvider:
             self.fleet.dirty.clear()
             self.fleet.refresh()
             self.nodes.publish(time.monotonic())
+            if self.quota is not None:
+                await self.quota.sync(self.nodes.status(self.quota.node).capacity)
             self.tide.observe(m.summary for m in self.fleet.members.values() if m.summary is not None)
             await self.announcer.flush()
             if self._objects is not None:

@@ -601,6 +601,25 @@ def test_alert_rules_pass_promtools_check_and_unit_tests_on_metrics_the_provider
 
 
 @pytest.mark.shares_lab
+def test_kueue_quota_names_its_queue_in_the_settings_and_may_touch_only_that_queue() -> None:
+    assert "kueue_quota" not in settings_of(render())["provider"]["federation"]
+    docs = render("federation.kueueQuota.clusterQueue=lent", "federation.kueueQuota.flavor=vk-pool")
+    assert settings_of(docs)["provider"]["federation"]["kueue_quota"] == {"cluster_queue": "lent", "flavor": "vk-pool"}
+    rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d.get("rules") or []]
+    queues = [r for r in rules if "clusterqueues" in r["resources"]]
+    assert queues == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["clusterqueues"],
+            "resourceNames": ["lent"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    result = helm("template", "rel", str(CHART), "--set", "federation.kueueQuota.clusterQueue=lent", check=False)
+    assert result.returncode != 0 and "federation.kueueQuota.flavor" in result.stderr, result.stderr
+
+
+@pytest.mark.shares_lab
 def test_a_misspelt_value_fails_with_its_name() -> None:
     result = helm("template", "rel", str(CHART), "--set", "replica=3", check=False)
     assert result.returncode != 0

@@ -21,9 +21,10 @@ lab's apiservers listen) and `chroot --userspec` into the unpacked image: read-o
 volumes at their paths, the token of the pod's ServiceAccount, the chart's user, command, args
 and env (e2e.image.sandbox). Not applied: cgroups, seccomp.
 
-Runs alone: the chart's MemberClusters carry no label that keeps other tests' providers off
-them. Time (2 cores, warm image cache): about 10 s for the image (build, unpack), then about
-30 s for the install, the pods, `helm test` and the drain.
+Shares the front end, member-2 and member-3: the chart's MemberClusters (members 2 and 3) carry
+the scene label that keeps other tests' providers off them. Time (2 cores, warm image cache):
+about 10 s for the image (build, unpack), then about 30 s for the install, the pods, `helm
+test` and the drain.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from federation import labels
 from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
 from tests.e2e.test_chart import CHART, DENIED
 from tests.e2e.test_dispatch import cleanup, gang_pod, pod_group
+from tests.e2e.test_federation_capacity import SCENE_LABEL
 from tests.e2e.vk import free_port
 from vkprovider.kube import KubeClient, NotFound, resource_path
 
@@ -78,7 +80,9 @@ async def helm(*args: str, timeout: float = 280) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
-async def new_release(lab: Lab, offline: KubeClient, tmp_path: Path, kind: str) -> tuple[str, str, str, Path]:
+async def new_release(
+    lab: Lab, offline: KubeClient, tmp_path: Path, kind: str, *, scene: bool = True
+) -> tuple[str, str, str, Path]:
     """A release's name, virtual node, namespace (made) and values file (written), for a chart
     whose pods this test runs."""
     await install_member_cluster_crd(offline)
@@ -86,7 +90,7 @@ async def new_release(lab: Lab, offline: KubeClient, tmp_path: Path, kind: str) 
     node = f"vk-{kind}-{uuid.uuid4().hex[:5]}"
     namespace = await make_namespace(offline, f"{release}-system")
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(the_chart_values(lab, release, node)))
+    values.write_text(yaml.safe_dump(the_chart_values(lab, release, node, scene=scene)))
     return release, node, namespace, values
 
 
@@ -143,14 +147,25 @@ async def nothing_left(
     assert not left, f"{namespace} keeps pods {left}"
 
 
-def the_chart_values(lab: Lab, release: str, node: str) -> dict[str, Any]:
+#: The members the chart's release takes: away from member-1, where the reclaim tests run
+#: (e2e.fixtures.CHAIN).
+CHART_MEMBERS = ["member-2", "member-3"]
+
+
+def the_chart_values(lab: Lab, release: str, node: str, *, scene: bool = True) -> dict[str, Any]:
+    """With `scene`, the release's MemberClusters carry the scene label, which keeps every other
+    test's provider off them (chart 0.1.0, which the upgrade test installs, has no member labels)."""
     notice = {"reclaim": {"noticeSeconds": 2}}
+    members: list[dict[str, Any]] = [
+        {"name": f"{release}-{m}", "kubeconfig": lab.kubeconfig(m).read_text(), "spec": notice} for m in CHART_MEMBERS
+    ]
+    if scene:
+        for member in members:
+            member["labels"] = {SCENE_LABEL: release}
     return {
         "nodeName": node,
         # A short checkpoint notice: the drain at the end goes through it.
-        "members": [
-            {"name": f"{release}-{m}", "kubeconfig": lab.kubeconfig(m).read_text(), "spec": notice} for m in lab.members
-        ],
+        "members": members,
         # Only this release's MemberClusters (left-overs of other releases are not ours).
         "federation": {"memberSelector": f"app.kubernetes.io/instance={release}"},
         # The host's network: ports no other test on this machine holds.
@@ -159,6 +174,7 @@ def the_chart_values(lab: Lab, release: str, node: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.lab_turn(shares=["offline", *CHART_MEMBERS])
 @pytest.mark.asyncio(loop_scope="session")
 async def test_the_charts_own_pods_serve_pass_helm_test_and_drain_on_uninstall(
     lab: Lab, offline: KubeClient, image: Unpacked, tmp_path: Path

@@ -134,7 +134,7 @@ async def test_an_upgrade_from_the_previous_chart_keeps_tenancy_and_every_pod_wi
 ) -> None:
     previous = previous_chart(tmp_path / "previous")
     current_crd = yaml.safe_load((crds.OWN / "memberclusters.yaml").read_text())
-    release, node, namespace, values = await new_release(lab, offline, tmp_path, "upgrade")
+    release, node, namespace, values = await new_release(lab, offline, tmp_path, "upgrade", scene=False)
     kubeconfig = ("--kubeconfig", str(lab.kubeconfig("offline")))
     account = f"system:serviceaccount:{namespace}:{release}"
     probe = f"{release}-tenancy"

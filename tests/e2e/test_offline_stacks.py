@@ -10,6 +10,7 @@ node, and the provider takes all of them to one member, pinned on the JobSet.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import uuid
 from pathlib import Path
@@ -21,9 +22,11 @@ from e2e import lab as lab_mod
 from e2e.fixtures import Lab
 from federation import jobs
 from federation.jobs import JobRef
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import MEMBERS as MEMBER_CLUSTERS
+from tests.e2e.helpers import delete_namespace, eventually, install_member_cluster_crd, make_namespace, pods
 from tests.e2e.memberwatch import PODGROUPS, PODS, MemberWatch
-from tests.e2e.test_federation_capacity import federation_vk
+from tests.e2e.test_federation_capacity import SCENE_LABEL, federation_vk
+from tests.e2e.test_runtime import running
 from vkprovider.kube import KubeClient, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
@@ -219,3 +222,91 @@ async def test_a_job_queued_in_kueue_on_the_virtual_nodes_flavor_is_admitted_and
             with contextlib.suppress(NotFound):  # not made: the test failed before
                 await offline.delete(f"{path}/{body['metadata']['name']}")
         proc.ensure_stopped()
+
+
+def conditions_of(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+@pytest.mark.lab_turn(shares=["offline", *MEMBERS])
+async def test_kueues_quota_follows_what_the_members_lend_and_a_job_beyond_it_waits_in_kueue(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """The quota controller (federation.queues): the ClusterQueue's quota for the virtual node's
+    flavor is the node's allocatable; a member's cap lowered at run time lowers it, and a Job
+    that no longer fits is held by Kueue (suspended, its Workload without quota), never Pending
+    on the virtual node."""
+    await lab_mod.add_stacks(lab.state_dir, ("jobset", "kueue"))
+    await install_member_cluster_crd(offline)
+    tag = uuid.uuid4().hex[:6]
+    member = f"quota-{tag}"
+    secret = {
+        "metadata": {"name": member, "namespace": "default"},
+        "data": {"kubeconfig": base64.b64encode(lab.kubeconfig("member-2").read_bytes()).decode()},
+    }
+    member_cluster = {
+        "apiVersion": "vkprovider.io/v1alpha1",
+        "kind": "MemberCluster",
+        "metadata": {"name": member, "labels": {SCENE_LABEL: tag}},
+        "spec": {"kubeconfigSecretRef": {"namespace": "default", "name": member}, "capacity": {"cap": {"cpu": "20"}}},
+    }
+    proc = federation_vk(lab, tmp_path, [])
+    proc.overrides["provider.federation"]["member_selector"] = f"{SCENE_LABEL}={tag}"
+    proc.overrides["provider.federation"]["kueue_quota"] = {"cluster_queue": f"lent-{tag}", "flavor": f"vk-{tag}"}
+    ns = await make_namespace(offline, f"quota-{tag}")
+    objects = kueue_objects(tag, proc.node, ns, cores=1)
+    cluster_queue = f"{objects[1][0]}/lent-{tag}"
+    try:
+        await offline.create("/api/v1/namespaces/default/secrets", secret)
+        await offline.create(MEMBER_CLUSTERS, member_cluster)
+        for path, body in objects:
+            await offline.create(path, body)
+        proc.start()
+        await proc.wait_ready()
+
+        async def quota_is(cores: str) -> dict[str, Any] | None:
+            node = await offline.get(f"/api/v1/nodes/{proc.node}")
+            queue = await offline.get(cluster_queue)
+            (quota,) = queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+            allocatable = node["status"]["allocatable"]["cpu"]
+            return queue if allocatable == cores and str(quota["nominalQuota"]) == cores else None
+
+        await eventually(lambda: quota_is("20"), timeout=60, what="the quota equal to the node's 20 cores")
+        await offline.patch(f"{MEMBER_CLUSTERS}/{member}", {"spec": {"capacity": {"cap": {"cpu": "6"}}}})
+        await eventually(lambda: quota_is("6"), timeout=30, what="the quota lowered with the member's cap to 6")
+
+        # 4 of the 6 cores, held for a minute; then 4 more do not fit.
+        first = queued_job("first", pods_at_once=2)
+        first["spec"]["template"]["metadata"]["annotations"]["vkprovider.io/sim-complete-after"] = "60s"
+        await offline.create(f"/apis/batch/v1/namespaces/{ns}/jobs", first)
+        await eventually(lambda: running(offline, ns, 2), timeout=60, what="the first Job's 2 pods running")
+        await offline.create(f"/apis/batch/v1/namespaces/{ns}/jobs", queued_job("second", pods_at_once=2))
+
+        async def held() -> dict[str, Any] | None:
+            listed: list[dict[str, Any]] = (await offline.list(f"{KUEUE}/namespaces/{ns}/workloads"))["items"]
+            for workload in listed:
+                owner = (workload["metadata"].get("ownerReferences") or [{}])[0].get("name")
+                quota = conditions_of(workload).get("QuotaReserved", {})
+                if owner == "second" and quota.get("status") == "False" and quota.get("reason") == "Pending":
+                    return workload
+            return None
+
+        workload = await eventually(held, timeout=60, what="the second Job's Workload waiting for quota")
+        said = conditions_of(workload)
+        assert "Admitted" not in said or said["Admitted"]["status"] == "False", said
+        assert "Evicted" not in said, said  # never admitted and taken back either
+        assert "insufficient" in said["QuotaReserved"]["message"], said["QuotaReserved"]
+        second = await offline.get(f"/apis/batch/v1/namespaces/{ns}/jobs/second")
+        assert second["spec"]["suspend"] is True
+        names = [p["metadata"]["name"] for p in await pods(offline, ns)]
+        assert not [n for n in names if n.startswith("second-")], names  # no pod of it, Pending or not
+    finally:
+        proc.ensure_stopped()
+        await delete_namespace(offline, ns)
+        for path, body in reversed(objects[:2]):
+            with contextlib.suppress(NotFound):
+                await offline.delete(f"{path}/{body['metadata']['name']}")
+        with contextlib.suppress(NotFound):
+            await offline.delete(f"{MEMBER_CLUSTERS}/{member}")
+        with contextlib.suppress(NotFound):
+            await offline.delete(f"/api/v1/namespaces/default/secrets/{member}")
