@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB ?= .lab
-# Offline stacks the demo's front end runs, e.g. `make demo WITH=jobset,kueue` (e2e.stacks).
+# Offline stacks the demo's front end runs, e.g. `make demo WITH=jobset,kueue,volcano` (e2e.stacks).
 WITH ?=
 
 .PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto image
@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok, metrics-server,
-# helm, promtool, Prometheus, JobSet and Kueue from the pinned modules under e2e/tools (minutes when
-# cold, instant when cached).
+# helm, promtool, Prometheus, JobSet, Kueue and Volcano from the pinned modules under e2e/tools
+# (minutes when cold, instant when cached).
 binaries: $(STAMP)
 	$(BIN)/python -m e2e build
 

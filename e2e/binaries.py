@@ -1,5 +1,5 @@
 """Control-plane binaries and metrics-server (and helm, promtool and Prometheus, for the chart
-tests; JobSet and Kueue, for the offline stacks the lab runs on request), built from the pinned
+tests; JobSet, Kueue and Volcano, for the offline stacks the lab runs on request), built from the pinned
 Go tools modules under `e2e/tools/` into a per-user cache keyed by what determines the build,
 so they are rebuilt only when a pin changes.
 
@@ -36,13 +36,16 @@ BINARIES = {
     "prometheus": "promtool",
     "jobset": "jobset",
     "kueue": "kueue",
+    "volcano-scheduler": "volcano",
+    "volcano-controller-manager": "volcano",
+    "volcano-webhook-manager": "volcano",
 }
 
 #: Built like the others for the tests (the chart tests' client), but never run by the lab, so a
 #: `--bin-dir` need not hold them.
 NOT_RUN_BY_LAB = frozenset({"helm", "promtool", "prometheus"})
 #: Run by the lab only when asked (`up --with`, e2e.stacks): a `--bin-dir` need not hold them either.
-STACKS = frozenset({"jobset", "kueue"})
+STACKS = frozenset({"jobset", "kueue", "volcano-scheduler", "volcano-controller-manager", "volcano-webhook-manager"})
 
 
 class BinaryError(RuntimeError):
@@ -161,6 +164,15 @@ def tool_builds() -> dict[str, ToolBuild]:
             module="kueue",
             main_module="sigs.k8s.io/kueue",
             packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+            ldflags=("-s", "-w"),
+        ),
+        "volcano": ToolBuild(
+            module="volcano",
+            main_module="volcano.sh/volcano",
+            packages={
+                f"volcano-{name}": f"volcano.sh/volcano/cmd/{name}"
+                for name in ("scheduler", "controller-manager", "webhook-manager")
+            },
             ldflags=("-s", "-w"),
         ),
     }

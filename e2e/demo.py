@@ -373,7 +373,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.demo")
     parser.add_argument("--state", type=Path, default=Path(".lab"))
     parser.add_argument("--stop", action="store_true", help="stop the demo's vkprovider and the lab")
-    parser.add_argument("--with", dest="stacks", default="", help="offline stacks in the front end (jobset,kueue)")
+    parser.add_argument(
+        "--with", dest="stacks", default="", help="offline stacks in the front end (jobset,kueue,volcano)"
+    )
     args = parser.parse_args()
     try:
         if args.stop:

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from e2e import binaries, components, kubeconfig, nodeaddress, nodes, pki, ports, procs, stacks, state, turns
+from e2e import binaries, components, kubeconfig, nodeaddress, nodes, pki, ports, procs, stacks, state, turns, volcano
 from e2e.state import ClusterState, LabState, ProcessState
 from vkprovider.kube import AlreadyExists, ApiError, KubeClient, NotFound, Unreachable, load_kubeconfig
 
@@ -89,11 +89,13 @@ def _resolve_binaries(spec: LabSpec) -> dict[str, Path]:
     except binaries.BinaryError as exc:
         raise LabError(str(exc).splitlines()[0]) from exc
     if spec.bin_dir:
+        builds = binaries.tool_builds()
         for name in spec.stacks:
-            path = spec.bin_dir / stacks.STACKS[name].binary
-            if not path.is_file():
-                raise LabError(f"binary {path.name} not found at {path} (asked for by --with {name})")
-            found[name] = path
+            for binary in builds[name].packages:
+                path = spec.bin_dir / binary
+                if not path.is_file():
+                    raise LabError(f"binary {binary} not found at {path} (asked for by --with {name})")
+                found[binary] = path
     return found
 
 
@@ -438,6 +440,8 @@ async def _start_stacks(lab: LabState, names: tuple[str, ...], bins: dict[str, P
     async with KubeClient(load_kubeconfig(lab.kubeconfig("offline"))) as client:
         try:
             await stacks.bring_up(lab, names, client=client, bins=bins, spawn=spawn, wait=wait)
+            if "volcano" in names:
+                await volcano.bring_up(lab, client=client, bins=bins, spawn=spawn, wait=wait)
         except stacks.StackError as exc:
             raise LabError(str(exc)) from exc
 
@@ -449,20 +453,25 @@ async def add_stacks(state_dir: Path, names: tuple[str, ...]) -> tuple[str, ...]
         lab = load_running(state_dir)
         offline = lab.clusters["offline"]
         missing = tuple(
-            n for n in names if not (n in offline.processes and procs.alive(offline.processes[n].pid, lab.marker))
+            n
+            for n in names
+            if not all(
+                key in offline.processes and procs.alive(offline.processes[key].pid, lab.marker)
+                for key in stacks.PROCESSES[n]
+            )
         )
         if not missing:
             return ()
         try:
             builds = binaries.tool_builds()  # only what is asked for
-            bins = {n: binaries.ensure_built(builds[n]) / stacks.STACKS[n].binary for n in missing}
+            bins = {binary: binaries.ensure_built(builds[n]) / binary for n in missing for binary in builds[n].packages}
         except binaries.BinaryError as exc:
             raise LabError(str(exc).splitlines()[0]) from exc
         try:
             await _start_stacks(lab, missing, bins)
         except BaseException:
             # Nothing half-started stays behind (`up` tears the whole lab down instead).
-            started = [offline.processes[n] for n in missing if n in offline.processes]
+            started = [offline.processes[k] for n in missing for k in stacks.PROCESSES[n] if k in offline.processes]
             procs.terminate([p.pid for p in started if p.pid], lab.marker)
             raise
         return missing
@@ -566,7 +575,14 @@ async def _start_cluster_components(
 def teardown(lab: LabState) -> list[str]:
     """Stop every recorded process (controllers first, etcd last) and drop etcd's tmpfs data."""
     stopped: list[str] = []
-    order = (*stacks.KNOWN, "metrics-server", "kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver")
+    order = (
+        *(k for n in stacks.KNOWN for k in stacks.PROCESSES[n]),
+        "metrics-server",
+        "kwok",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-apiserver",
+    )
     for kind in order:
         group = [c.processes[kind] for c in lab.clusters.values() if kind in c.processes]
         ended = procs.terminate([p.pid for p in group if p.pid], lab.marker)

@@ -1,5 +1,5 @@
-"""Offline stacks in the lab's front end: JobSet and Kueue, unmodified, run as processes beside
-its control plane (`python -m e2e up --with jobset,kueue`).
+"""Offline stacks in the lab's front end: JobSet and Kueue (and Volcano, e2e.volcano), unmodified,
+run as processes beside its control plane (`python -m e2e up --with jobset,kueue,volcano`).
 
 Training and batch teams do not submit bare pods: they run JobSets, queue with Kueue. So the
 lab runs those controllers as a cluster would, built from their pinned Go modules like the
@@ -48,7 +48,13 @@ WEBHOOKS = {
 }
 
 #: What `--with` may name, in the order they start (Kueue's JobSet integration wants the JobSet CRD).
-KNOWN = ("jobset", "kueue")
+KNOWN = ("jobset", "kueue", "volcano")
+#: Each stack's processes in the lab's state (the offline cluster's), in the order they stop.
+PROCESSES = {
+    "jobset": ("jobset",),
+    "kueue": ("kueue",),
+    "volcano": ("volcano-controller-manager", "volcano-scheduler", "volcano-webhook-manager"),
+}
 
 
 class StackError(RuntimeError):
@@ -135,17 +141,22 @@ def parse(value: str) -> tuple[str, ...]:
 
 def module_source(stack: Stack) -> Path:
     """The stack's module, at the version its tools module pins, in the Go module cache."""
-    build = binaries.tool_builds()[stack.name]
-    version = build.required_version(stack.module)
+    return source_of(stack.name, stack.module)
+
+
+def source_of(build_name: str, module: str) -> Path:
+    """`module`, at the version tools module `build_name` pins, in the Go module cache."""
+    build = binaries.tool_builds()[build_name]
+    version = build.required_version(module)
     result = subprocess.run(
-        ["go", "mod", "download", "-json", f"{stack.module}@{version}"],
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
         cwd=build.module_dir,
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        raise StackError(f"go mod download {stack.module}@{version} failed: {result.stderr.strip()[-300:]}")
+        raise StackError(f"go mod download {module}@{version} failed: {result.stderr.strip()[-300:]}")
     return Path(json.loads(result.stdout)["Dir"])
 
 
@@ -270,6 +281,8 @@ async def bring_up(
     ca = pki.load(lab.root / "clusters" / offline.name / "pki", "ca")
     started = {}
     for name in names:
+        if name not in STACKS:
+            continue  # Volcano is not a controller-runtime manager: e2e.volcano
         stack = STACKS[name]
         source = module_source(stack)
         webhook_port, health_port = free_port(), free_port()
@@ -295,7 +308,7 @@ async def bring_up(
             await create_or_replace(client, f"/api/v1/namespaces/{stack.namespace}/secrets", secret)
         for crd in crds(stack, source, port=webhook_port):
             await create_or_replace(client, CRDS, crd)
-            await _established(client, crd["metadata"]["name"])
+            await established(client, crd["metadata"]["name"])
         configurations = webhook_configurations(stack, source, port=webhook_port, ca_bundle=bundle)
         for body in configurations:
             await create_or_replace(client, WEBHOOKS[body["kind"]], body)
@@ -350,7 +363,7 @@ async def mount_secret(client: KubeClient, stack: Stack, cert_dir: Path) -> bool
     return True
 
 
-async def _established(client: KubeClient, name: str, timeout: float = 60.0) -> None:
+async def established(client: KubeClient, name: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:

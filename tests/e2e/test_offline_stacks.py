@@ -310,3 +310,86 @@ async def test_kueues_quota_follows_what_the_members_lend_and_a_job_beyond_it_wa
             await offline.delete(f"{MEMBER_CLUSTERS}/{member}")
         with contextlib.suppress(NotFound):
             await offline.delete(f"/api/v1/namespaces/default/secrets/{member}")
+
+
+VOLCANO_JOBS = "/apis/batch.volcano.sh/v1alpha1"
+
+
+def volcano_job(name: str, node: str, *, tasks: int, min_available: int) -> dict[str, Any]:
+    """A Volcano Job for Volcano's scheduler: `tasks` workers, a gang of `min_available`."""
+    pod = {
+        # Long enough to read the PodGroup while it runs: Volcano deletes it once the Job completes.
+        "metadata": {"annotations": {"vkprovider.io/sim-complete-after": "15s"}},
+        "spec": {
+            "schedulerName": "volcano",
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "trainer:1", "resources": {"requests": {"cpu": "2"}}}],
+        },
+    }
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "volcano",
+            "queue": "default",
+            "minAvailable": min_available,
+            "tasks": [{"name": "worker", "replicas": tasks, "template": pod}],
+        },
+    }
+
+
+@pytest.mark.lab_turn(shares=["offline", *MEMBERS])
+async def test_a_volcano_job_bound_by_volcanos_scheduler_runs_whole_in_one_member(
+    lab: Lab, offline: KubeClient, tmp_path: Path
+) -> None:
+    """Volcano's gang scheduler binds the Job's pods to the virtual node; ours takes its gang
+    (the PodGroup's minMember, 4 of 6) to one member, and the 2 above it follow the pin."""
+    await lab_mod.add_stacks(lab.state_dir, ("volcano",))
+    proc = federation_vk(lab, tmp_path, MEMBERS)
+    proc.start()
+    ns = await make_namespace(offline, f"volcano-{uuid.uuid4().hex[:6]}")
+    watch: MemberWatch | None = None
+    try:
+        await proc.wait_ready()
+        created = await offline.create(
+            f"{VOLCANO_JOBS}/namespaces/{ns}/jobs", volcano_job("train", proc.node, tasks=6, min_available=4)
+        )
+        group = f"train-{created['metadata']['uid']}"  # the PodGroup Volcano's job controller makes
+        watch = MemberWatch.for_job(lab, MEMBERS, jobs.job_hash(JobRef(ns, jobs.VOLCANO, group)))
+        await watch.start()
+
+        await eventually(lambda: running(offline, ns, 6), timeout=90, what="the Volcano Job's 6 pods running")
+        podgroup = await offline.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/{group}")
+
+        async def completed() -> dict[str, Any] | None:
+            found = await offline.get(f"{VOLCANO_JOBS}/namespaces/{ns}/jobs/train")
+            phase = ((found.get("status") or {}).get("state") or {}).get("phase")
+            if phase in ("Failed", "Aborted", "Terminated"):
+                raise AssertionError(f"the Volcano Job ended {phase}: {found['status']}")
+            return found if phase == "Completed" else None
+
+        try:
+            await eventually(completed, timeout=120, what="the Volcano Job completed")
+        except AssertionError as exc:
+            states = {
+                p["metadata"]["name"]: (p["spec"].get("nodeName"), p["status"].get("phase"), p["status"].get("reason"))
+                for p in await pods(offline, ns)
+            }
+            raise AssertionError(f"{exc}; front-end pods: {states}; members saw {watch.seen}") from None
+        watch.check()
+        front = await pods(offline, ns)
+        assert len(front) == 6 and {p["spec"]["schedulerName"] for p in front} == {"volcano"}
+        assert {p["status"]["phase"] for p in front} == {"Succeeded"}
+        went = pods_seen(watch)
+        assert len(went) == 1 and len(next(iter(went.values()))) == 6, watch.seen
+        (member,) = went
+        assert podgroup["spec"]["minMember"] == 4
+        assert podgroup["metadata"]["annotations"]["vkprovider.io/member"] == member  # the durable pin
+    finally:
+        if watch is not None:
+            await watch.stop()
+        await delete_namespace(offline, ns)
+        proc.ensure_stopped()

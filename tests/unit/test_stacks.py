@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import stacks
+from e2e import stacks, volcano
 
 MANIFESTS = """
 ---
@@ -96,3 +96,27 @@ def test_kueue_crds_convert_through_its_webhook_as_its_kustomize_patches_say(sou
         "path": "/convert",
         "port": 9444,
     }
+
+
+def test_volcanos_webhook_configurations_have_the_names_its_manager_waits_for_and_no_pod_hook() -> None:
+    configs = volcano.webhook_configurations(8443, b"CA")
+    names = [c["metadata"]["name"] for c in configs]
+    assert names == [
+        "volcano-admission-service-jobs-mutate",
+        "volcano-admission-service-jobs-validate",
+        "volcano-admission-service-podgroups-mutate",
+        "volcano-admission-service-queues-mutate",
+        "volcano-admission-service-queues-validate",
+    ]
+    resources = {r for c in configs for h in c["webhooks"] for rule in h["rules"] for r in rule["resources"]}
+    assert resources == {"jobs", "podgroups", "queues"}  # not pods: every pod of the front end would wait on it
+    hook = configs[0]["webhooks"][0]
+    assert hook["clientConfig"]["service"] == {
+        "namespace": "volcano-system",
+        "name": "volcano-admission-service",
+        "path": "/jobs/mutate",
+        "port": 8443,
+    }
+    assert (
+        configs[0]["kind"] == "MutatingWebhookConfiguration" and configs[1]["kind"] == "ValidatingWebhookConfiguration"
+    )
