@@ -213,13 +213,13 @@ def _service_ref(stack: Stack, port: int, path: str) -> dict[str, Any]:
     return {"namespace": stack.namespace, "name": stack.service, "path": path, "port": port}
 
 
-def service(stack: Stack, port: int) -> dict[str, Any]:
-    """The Service the apiserver reaches the stack's webhooks through: loopback, as an ExternalName
+def service(name: str, namespace: str, port: int) -> dict[str, Any]:
+    """The Service the apiserver reaches a stack's webhooks through: loopback, as an ExternalName
     (Endpoints may not name a loopback address)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": stack.service, "namespace": stack.namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"type": "ExternalName", "externalName": "127.0.0.1", "ports": [{"name": "webhook", "port": port}]},
     }
 
@@ -259,6 +259,16 @@ def argv(stack: Stack, *, binary: Path, kubeconfig: Path, config_file: Path) -> 
     return [str(binary), f"--kubeconfig={kubeconfig}", f"--config={config_file}", "--zap-log-level=info"]
 
 
+def http_ok(port: int, path: str) -> Callable[[], Awaitable[bool]]:
+    """A check that a health endpoint on loopback answers 200."""
+
+    async def check() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}") as resp:
+            return resp.status == 200
+
+    return check
+
+
 def free_port() -> int:
     """A loopback port free now (the stacks' ports are not part of the lab's fixed plan)."""
     with socket.socket() as sock:
@@ -294,7 +304,11 @@ async def bring_up(
             "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": stack.namespace}},
         )
-        await create_or_replace(client, f"/api/v1/namespaces/{stack.namespace}/services", service(stack, webhook_port))
+        await create_or_replace(
+            client,
+            f"/api/v1/namespaces/{stack.namespace}/services",
+            service(stack.service, stack.namespace, webhook_port),
+        )
         bundle = None
         if stack.lab_certificate:
             serving_certificate(stack, ca, cert_dir)
@@ -329,11 +343,7 @@ async def bring_up(
 
             await wait(proc, mounted, f"{name}'s certificate in its Secret")
 
-        async def ready(port: int = health_port) -> bool:
-            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                return resp.status == 200
-
-        await wait(proc, ready, f"{name} controller")
+        await wait(proc, http_ok(health_port, "/readyz"), f"{name} controller")
 
         async def trusted(bodies: list[dict[str, Any]] = configurations) -> bool:
             """Every webhook names a CA (the stack's rotator injects its own after it starts)."""

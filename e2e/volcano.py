@@ -180,17 +180,9 @@ async def bring_up(
     await create_or_replace(
         client, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     )
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-        "spec": {
-            "type": "ExternalName",
-            "externalName": "127.0.0.1",
-            "ports": [{"name": "webhook", "port": webhook_port}],
-        },
-    }
-    await create_or_replace(client, f"/api/v1/namespaces/{NAMESPACE}/services", service)
+    await create_or_replace(
+        client, f"/api/v1/namespaces/{NAMESPACE}/services", stacks.service(SERVICE, NAMESPACE, webhook_port)
+    )
     for directory in CRD_DIRS:
         for path in sorted((source / directory).glob("*.yaml")):
             crd = yaml.safe_load(path.read_text())
@@ -206,18 +198,12 @@ async def bring_up(
         proc = spawn(f"offline-{name}", argv)
         started[name] = proc
         # The webhook manager's health endpoint is its webhook server's (TLS): serving is enough.
-        ready = _serving(webhook_port) if name == "volcano-webhook-manager" else _healthy(health[name])
+        ready = (
+            _serving(webhook_port) if name == "volcano-webhook-manager" else stacks.http_ok(health[name], "/healthz")
+        )
         await wait(proc, ready, name)
     await wait(started["volcano-controller-manager"], _queue_open(client), "Volcano's default queue open")
     return started
-
-
-def _healthy(port: int) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as resp:
-            return resp.status == 200
-
-    return check
 
 
 def _serving(port: int) -> Callable[[], Awaitable[bool]]:
