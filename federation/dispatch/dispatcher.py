@@ -271,10 +271,16 @@ class Dispatcher:
         if not found:
             if not job.gang.is_gang:
                 raise ProviderError("no member cluster can host this pod now")
+            why = placement.shortfall(capacities, requests, wanted, exclude=excluded, reserved=reserved)
+            told, job.unplaced = job.unplaced, why
+            if told is None:
+                await self.gangs.emit(job, forge.NO_ROOM, f"the gang waits whole at the front end: {why}")
             if not retry:
                 self.gangs.start(job)  # waits for capacity until the gang's timeout
-                self.notify_job(job)
+            if why != told:
+                self.notify_job(job)  # its pods say why
             return
+        job.unplaced = None
         choice = found[0]
         target = self.reports.pods_in(choice.member)
         if target is not None:

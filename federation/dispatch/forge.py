@@ -256,3 +256,17 @@ def waiting_status(*, bound: int, minimum: int, native: int = 0) -> PodStatus:
         "message": message,
         "conditions": [{"type": "Ready", "status": "False", "reason": "WaitingForGang", "message": message}],
     }
+
+
+#: A complete gang no member can take now: it waits whole at the front end (the reason on its
+#: pods, and its Event's).
+NO_ROOM = "NoMemberFits"
+
+
+def no_room_status(message: str) -> PodStatus:
+    return {
+        "phase": "Pending",
+        "reason": NO_ROOM,
+        "message": message[:1000],
+        "conditions": [{"type": "Ready", "status": "False", "reason": NO_ROOM, "message": message[:1000]}],
+    }

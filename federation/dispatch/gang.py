@@ -268,6 +268,8 @@ class Gangs:
         self._dispatcher.notify_job(job)
         tried = f" (tried: {', '.join(sorted(job.excluded))})" if job.excluded else ""
         message = f"no member bound the gang of {job.gang.min_member} within {job.gang.timeout:.0f}s{tried}"
+        if job.unplaced is not None:
+            message = f"{message}; {job.unplaced}"
         if not all((p.get("status") or {}).get("reason") == "GangTimeout" for p in job.pods.values()):
             await self.emit(job, "GangTimeout", message)  # else told and reported before a restart
         if self.on_timeout is not None:

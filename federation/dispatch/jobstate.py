@@ -64,6 +64,9 @@ class Job:
     #: None before, 0 or 1 when the native pods alone meet the minimum (no gang in the member).
     member_min: int | None = None
     incomplete_told: bool = False
+    #: Why no member takes the complete gang now (federation.dispatch.placement.shortfall), while
+    #: it waits for room; None once placed, or while incomplete.
+    unplaced: str | None = None
 
     @property
     def member_gang(self) -> GangSpec:
@@ -200,6 +203,8 @@ def reported_status(
         return failed_status(pod, reason="GangTimeout", message=message, exit_code=1)
     if job.failed:
         return failed_status(pod, reason=job.failed, message=f"the job's member {job.failed}", exit_code=1)
+    if job.gang.is_gang and job.dispatched_at is None and job.unplaced is not None:
+        return forge.no_room_status(job.unplaced)
     if job.gang.is_gang and job.dispatched_at is None:
         bound, minimum = len(job.pods) + job.native, job.gang.min_member
         return forge.waiting_status(bound=min(bound, minimum), minimum=minimum, native=job.native)

@@ -56,6 +56,15 @@ def _domains(nodes: list[NodeFree], attribute: str) -> dict[str | None, list[Nod
     return out
 
 
+def _within_sum(capacity: MemberCapacity, total: dict[str, int], held: dict[str, int] | None) -> bool:
+    """The gang's sum within what the member lends in all, less the room pods sent there and not
+    yet on a node will take. Each node's free vector is clamped to that sum, but not their
+    total: under a cap, two nodes of 6 free cores each lend 6 cores, not 12."""
+    if not capacity.lendable:
+        return True  # nothing summed (a member with no lendable node): the nodes decide
+    return quantities.fits(quantities.add(total, held) if held else total, capacity.lendable)
+
+
 def candidates(
     capacities: dict[str, MemberCapacity],
     requests: list[dict[str, int]],
@@ -75,8 +84,7 @@ def candidates(
     for name, capacity in capacities.items():
         if name in excluded or not capacity.reachable:
             continue
-        held = (reserved or {}).get(name)
-        if held and capacity.lendable and not quantities.fits(quantities.add(total, held), capacity.lendable):
+        if not _within_sum(capacity, total, (reserved or {}).get(name)):
             continue
         nodes = [n for n in capacity.nodes if gang.gpu_model is None or n.gpu_product == gang.gpu_model]
         options: list[Placement] = []
@@ -98,3 +106,48 @@ def candidates(
             best = min(options, key=lambda p: (p.leftover, p.network_pod or "", p.gpu_model or ""))
             found.append((-(weights or {}).get(name, 1), best.leftover, best))
     return [p for _, _, p in sorted(found, key=lambda t: (t[0], t[1], t[2].member))]
+
+
+def _amounts(vec: dict[str, int]) -> str:
+    """A vector as a reader's list: CPU in cores, memory in GiB, GPUs, nothing zero."""
+    parts = []
+    if vec.get(quantities.CPU):
+        parts.append(f"{vec[quantities.CPU] / 1000:g} CPU")
+    if vec.get(quantities.MEMORY):
+        parts.append(f"{vec[quantities.MEMORY] / 2**30:.3g}Gi memory")
+    if vec.get(quantities.GPU):
+        parts.append(f"{vec[quantities.GPU]} GPUs")
+    return ", ".join(parts) or "nothing"
+
+
+def shortfall(
+    capacities: dict[str, MemberCapacity],
+    requests: list[dict[str, int]],
+    gang: GangSpec,
+    *,
+    exclude: Iterable[str] = (),
+    reserved: dict[str, dict[str, int]] | None = None,
+) -> str:
+    """Why no member takes the gang now (when `candidates` found none), one clause per member,
+    for the pods' status and Event: what it lends against what the gang needs at once."""
+    total: dict[str, int] = {}
+    for request in requests:
+        total = quantities.add(total, request)
+    excluded = set(exclude)
+    clauses = []
+    for name in sorted(capacities):
+        capacity = capacities[name]
+        if name in excluded:
+            clauses.append(f"{name} excluded (did not take the gang in time, or refuses it)")
+        elif not capacity.reachable:
+            clauses.append(f"{name} unreachable")
+        elif not _within_sum(capacity, total, (reserved or {}).get(name)):
+            clauses.append(f"{name} lends {_amounts(capacity.lendable)}")
+        else:
+            where = f" of GPU model {gang.gpu_model}" if gang.gpu_model else ""
+            within = " within one network pod" if gang.same_network else ""
+            clauses.append(
+                f"{name} lends {_amounts(capacity.lendable)} but its nodes{where} cannot hold the pods{within}"
+            )
+    members = "; ".join(clauses) if clauses else "no member is configured"
+    return f"no member can take the gang's {len(requests)} pods ({_amounts(total)}) at once: {members}"

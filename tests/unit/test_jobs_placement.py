@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from federation.capacity.summary import MemberCapacity, NodeFree
-from federation.dispatch.placement import candidates, pack
+from federation.dispatch.placement import candidates, pack, shortfall
 from federation.jobs import GangSpec, JobRef, gang_of, job_of, role_of
 
 GPU = "nvidia.com/gpu"
@@ -174,3 +174,41 @@ def test_room_claimed_by_pods_sent_and_not_yet_bound_is_not_offered_again() -> N
         "roomy",
     ]
     assert [p.member for p in candidates(caps, one, plain, reserved={"tight": {"cpu": 400, "pods": 4}})] == ["roomy"]
+
+
+def test_a_capped_member_takes_no_gang_beyond_its_sum_whatever_its_nodes_hold() -> None:
+    # Each node's free vector is clamped to what the member lends in all, their total is not:
+    # under a cap of 6 cores, two nodes of 6 free cores would take 4 pods of 3 cores.
+    capped = MemberCapacity(
+        name="capped", lendable={"cpu": 6000, "pods": 20}, nodes=[_node("a", 6000, 10), _node("b", 6000, 10)]
+    )
+    four = [{"cpu": 3000, "pods": 1}] * 4
+    gang = GangSpec(min_member=4)
+    assert candidates({"capped": capped}, four, gang) == []
+    assert [p.member for p in candidates({"capped": capped}, four[:2], gang)] == ["capped"]
+
+
+def test_the_shortfall_names_each_member_and_what_the_gang_needs() -> None:
+    caps = {
+        "m1": MemberCapacity(name="m1", lendable={"cpu": 6000, "pods": 20}, nodes=[_node("a", 6000, 10)]),
+        "m2": MemberCapacity(name="m2", lendable={"cpu": 16000, "pods": 20}, nodes=_nodes_cpu("b", 4, 4000)),
+        "m3": MemberCapacity(name="m3", reachable=False),
+        "m4": MemberCapacity(name="m4", lendable={"cpu": 64000}, nodes=[_node("d", 64000, 10)]),
+    }
+    four = [{"cpu": 5000, "pods": 1}] * 4
+    gang = GangSpec(min_member=4)
+    assert candidates(caps, four, gang, exclude={"m4"}) == []
+    said = shortfall(caps, four, gang, exclude={"m4"})
+    assert said.startswith("no member can take the gang's 4 pods (20 CPU) at once: ")
+    assert "m1 lends 6 CPU;" in said  # short of the sum
+    assert "m2 lends 16 CPU but its nodes cannot hold the pods" not in said  # 16 < 20: the sum
+    assert "m2 lends 16 CPU;" in said
+    assert "m3 unreachable" in said
+    assert "m4 excluded" in said
+    three = four[:3]  # 15 cores: m2's sum would do, its nodes of 4 cannot hold a pod of 5
+    assert "m2 lends 16 CPU but its nodes cannot hold the pods" in shortfall(caps, three, gang, exclude={"m4"})
+    assert shortfall({}, three, gang).endswith("no member is configured")
+
+
+def _nodes_cpu(prefix: str, count: int, cpu: int) -> list[NodeFree]:
+    return [_node(f"{prefix}{i}", cpu, 10) for i in range(count)]
