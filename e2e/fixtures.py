@@ -179,13 +179,48 @@ def _in_chain(nodeid: str) -> bool:
     return nodeid.split("::", 1)[0] in CHAIN_FILES
 
 
+#: Long tests that share every cluster, handed to a worker only once every test before them in
+#: the run's order has ended (if another test is left to hand out instead). One started while a
+#: test that runs alone is still queued on the other worker holds that test, and its worker, for
+#: its whole length: the restart harness (about 126 s) kept a worker idle that long so.
+LATE_FILES = ("tests/e2e/test_restart_harness.py",)
+
+
+def _late(scope: str) -> bool:
+    return scope.split("::", 1)[0] in LATE_FILES
+
+
 class ChainScheduling(LoadScopeScheduling):  # type: ignore[misc]
     """xdist's load-scope scheduling where the chain's tests are one scope (one worker runs them
-    back to back) and every other test is a scope of its own. (xdist's own `loadgroup` reads
-    marks by renaming test ids, which pytest 9 no longer lets it do.)"""
+    back to back), every other test is a scope of its own, and the LATE_FILES' tests wait for
+    every test before them. (xdist's own `loadgroup` reads marks by renaming test ids, which
+    pytest 9 no longer lets it do.)"""
+
+    _order: dict[str, int] | None = None
 
     def _split_scope(self, nodeid: str) -> str:
         return CHAIN if _in_chain(nodeid) else nodeid
+
+    def _assign_work_unit(self, node: Any) -> None:
+        first = next(iter(self.workqueue))
+        if _late(first) and self._unfinished_before(first):
+            sooner = next((scope for scope in self.workqueue if not _late(scope)), None)
+            if sooner is not None:
+                self.workqueue.move_to_end(sooner, last=False)
+        super()._assign_work_unit(node)
+
+    def _unfinished_before(self, late: str) -> bool:
+        """Whether a scope ahead of `late` in the run's order has a test that has not ended."""
+        if self._order is None:
+            self._order = {}
+            for nodeid in self.collection or ():
+                self._order.setdefault(self._split_scope(nodeid), len(self._order))
+        limit = self._order[late]
+        return any(
+            self._order.get(scope, limit) < limit and not all(unit.values())
+            for work in self.assigned_work.values()
+            for scope, unit in work.items()
+        )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -200,13 +235,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under xdist, order the run so that turns waste little. First the chain: the tests alone
     on member-1 alone, one scope (ChainScheduling), so one worker runs them back to back from
     the start (the first of them starts the lab). The other worker meanwhile runs the tests
-    that need no lab, then the lab tests that keep away from member-1; then every other test
-    that runs alone (the workers take turns), then the sharing ones (side by side); in each, the
-    tests marked `long` first. Sorting is stable and the same in every worker, as xdist requires."""
+    that need no lab, then the lab tests that keep away from member-1 (those alone on a cluster
+    first); then every other test that runs alone (the workers take turns), then the sharing
+    ones (side by side), the LATE_FILES' once all before them have ended; in each, the tests
+    marked `long` first. Sorting is stable and the same in every worker, as xdist requires."""
     if not WORKER:
         return
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> float:
         if not _uses_lab(item):
             return 1
         alone, shares = turn_of(item)
@@ -215,7 +251,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if alone == {CHAIN}:
             return 0
         if CHAIN not in alone | shares:
-            return 2
+            return 2 if alone else 2.5  # those alone first: a long sharer started first holds them
         return 4 if not alone else 3
 
     # Within a rank the long tests go first: one left for last would run while the other

@@ -55,6 +55,7 @@ from federation.tenancy.namespaces import MemberNamespaces
 from federation.usage.reader import MetricsReader
 from federation.usage.stats import UsageStats
 from federation.view import page
+from federation.view.reclaims import ReclaimLog
 from federation.view.tide import FleetMetrics, Tide, TideMetrics
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient
@@ -127,6 +128,8 @@ class FederationProvider:
             events=lambda: self._events,
         )
         self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
+        self.reclaim_log = ReclaimLog()
+        self.reclaimer.reports.on_reclaimed = self.reclaim_log.record
         self.quota = (
             QuotaKeeper(config.kueue_quota, front=lambda: self._client, node=self.node_name)
             if config.kueue_quota.enabled
@@ -297,6 +300,16 @@ class FederationProvider:
     ) -> dict[str, Any]:
         """The capacity history (federation.view.tide), served at /history on the plain port."""
         return self.tide.query(since_seconds=since_seconds, member=member, resource=resource, max_points=points)
+
+    def reclaims(self, since_seconds: float, member: str | None) -> dict[str, Any]:
+        """The pods given back from `since_seconds` ago (federation.view.reclaims), served at
+        /reclaims on the plain port and shown on the dashboard."""
+        listed = self.reclaim_log.since(time.time() - since_seconds, member=member)
+        return {
+            "since_seconds": since_seconds,
+            "summary": self.reclaim_log.summary(listed),
+            "reclaims": [r.as_json() for r in listed],
+        }
 
     def register_metrics(self, registry: Any) -> None:
         """The features' counters, histograms and gauges, exposed with the runtime's (/metrics)."""

@@ -255,6 +255,14 @@ class HistorySource(Protocol):
 
 
 @runtime_checkable
+class ReclaimSource(Protocol):
+    """Optional: the pods given back to their owners (served at /reclaims on the plain port)."""
+
+    def reclaims(self, since_seconds: float, member: str | None) -> dict[str, Any]:
+        """Reclaims from `since_seconds` ago until now, oldest first, optionally of one member."""
+
+
+@runtime_checkable
 class DashboardSource(Protocol):
     """Optional: a read-only web page served at / on the plain port."""
 

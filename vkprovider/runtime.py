@@ -38,6 +38,7 @@ from vkprovider.provider import (
     MetricsSource,
     MultiNode,
     PodLifecycle,
+    ReclaimSource,
     Runnable,
     Viewable,
 )
@@ -165,6 +166,7 @@ class Runtime:
                         view=self.provider.view if isinstance(self.provider, Viewable) else None,
                         history=self.provider if isinstance(self.provider, HistorySource) else None,
                         dashboard=self.provider if isinstance(self.provider, DashboardSource) else None,
+                        reclaims=self.provider if isinstance(self.provider, ReclaimSource) else None,
                     ),
                     access_log=None,
                 )

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cachetools import TTLCache
+
 from federation.members.member import Member
 from federation.reclaim import terms
 from federation.reclaim.notices import NOTICE_MARGIN, Notices, front_stub
@@ -22,6 +24,11 @@ class Answers:
         self._notices = notices
         self._events = events
         self._told: set[tuple[str, str, str]] = set()  # (member pod uid, Event reason, value)
+        #: Member pods released early on their workload's word (uid), for the reclaim log.
+        self._acknowledged: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=3600)
+
+    def acknowledged(self, uid: str) -> bool:
+        return uid in self._acknowledged
 
     async def _tell(self, member_pod: dict[str, Any], reason: str, message: str, *, value: str, warning: bool) -> None:
         uid = member_pod["metadata"].get("uid", "")
@@ -44,6 +51,7 @@ class Answers:
         elif acked:
             message = "the workload acknowledged its checkpoint: the pod is released before its deadline"
             await self._tell(member_pod, "CheckpointAcknowledged", message, value="", warning=False)
+            self._acknowledged[member_pod["metadata"].get("uid", "")] = True
             return True
         period = self._notices.period(member, member_pod)
         maximum = member.config.reclaim.max_notice_seconds

@@ -92,6 +92,7 @@ class Reclaimer:
         #: round (a front-end notice without its member half is what a restart can leave).
         self._front_noticed: set[str] = set()
         self.answers = Answers(notices=self.notices, events=lambda: self.events)
+        self.reports.acknowledged = self.answers.acknowledged
         self.job_notices = JobNotices(front=lambda: self.front, instance=instance)
         #: What the resource view and `vkprovider status` show: per member, the plan now.
         self.pending: dict[str, list[dict[str, Any]]] = {}

@@ -51,6 +51,10 @@ class JobReports:
         self._log = logs.get("reclaim")
         self._queued: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=3600)  # front uids reported
         self.split = SplitGangs(front=front, events=events)
+        #: Handed each reclaim as a plain mapping (the view's reclaim log, set by the provider).
+        self.on_reclaimed: Callable[[dict[str, Any]], object] | None = None
+        #: Whether the workload acknowledged the member pod's notice (by uid), as this run saw.
+        self.acknowledged: Callable[[str], bool] = lambda uid: False
 
     def disrupted(self, member: str, member_pod: dict[str, Any], what: disruption.Disruption) -> None:
         """A member pod of ours was taken away (any cause): its job hears of it (batched)."""
@@ -65,6 +69,24 @@ class JobReports:
         job = annotations.get(labels.JOB_KEY) or ""
         origin = MemberPods.origin(member_pod)
         self._pending.setdefault((member, job), []).append((origin, what.pod_reason))
+        if self.on_reclaimed is not None:
+            noticed = annotations.get(labels.RECLAIM_NOTICED_AT)
+            deadline = annotations.get(labels.RECLAIM_AT)
+            self.on_reclaimed(
+                {
+                    "at": time.time(),
+                    "member": member,
+                    "node": (member_pod.get("spec") or {}).get("nodeName") or "",
+                    "pod": origin,
+                    "job": job,
+                    "band": band,
+                    "cause": cause,
+                    "reason": what.pod_reason,
+                    "noticed_at": parse_time(noticed) if noticed else None,
+                    "deadline": parse_time(deadline) if deadline else None,
+                    "acknowledged": self.acknowledged(meta.get("uid", "")),
+                }
+            )
 
     def disrupted_front(self, member: str, front: dict[str, Any], reason: str | None = None) -> None:
         """A front-end pod ended by a disruption its job was not told of yet (found after a

@@ -3,6 +3,7 @@
 - history (pure): capacity over time in bounded ring buffers at a few resolutions;
 - tide: the history fed from the member summaries, lent and used core- and GPU-seconds, and
   the gauges of the present moment (Prometheus collectors);
+- reclaims (pure): every pod given back, with its cause and notice, in a bounded log;
 - page: the dashboard, one self-contained page (dashboard/index.html).
 
 May import: federation.capacity and the shared modules. Must not import: members,

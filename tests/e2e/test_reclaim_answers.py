@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from e2e import lab as lab_mod
@@ -145,5 +146,29 @@ async def test_a_workload_acknowledges_or_extends_its_notice_and_a_reclaimed_pod
         for name in ("ext", "far"):
             assert deletes[name] >= _seconds(now[name]["metadata"]["annotations"][RECLAIM_AT]), name
         assert "stays" not in deletes
+
+        # Kept (GET /reclaims on the plain port): each pod with its member, node, cause, its
+        # notice as written on the pods, and whether the workload acknowledged it.
+        kept = await eventually(lambda: _kept(scene, set(leaving)), timeout=30, what="the four reclaims kept")
+        for name, entry in kept.items():
+            ann = (now if name in ("ext", "far") else first)[name]["metadata"]["annotations"]
+            assert (entry["member"], entry["cause"], entry["reason"]) == (scene.member, "planner", "Reclaimed"), entry
+            assert entry["node"] and entry["job"], entry
+            assert entry["noticed_at"] == pytest.approx(_seconds(ann[NOTICED_AT]), abs=0.01), entry
+            assert entry["deadline"] == pytest.approx(_seconds(ann[RECLAIM_AT]), abs=0.01), entry
+            assert entry["at"] >= deletes[name] and entry["notice_seconds"] > 0, (entry, deletes[name])
+            assert entry["acknowledged"] is (name == "ack"), entry
     finally:
         await stop_scene(scene)
+
+
+async def _kept(scene: Scene, names: set[str]) -> dict[str, dict[str, Any]] | None:
+    """The provider's reclaims of the last hour in the scene's namespace, by pod name, once
+    all of `names` are there."""
+    url = f"http://127.0.0.1:{scene.proc.health_port}/reclaims"
+    async with aiohttp.ClientSession() as session, session.get(url, params={"since": "1h"}) as resp:
+        resp.raise_for_status()
+        body = await resp.json()
+    found = {r["pod"].partition("/")[2]: r for r in body["reclaims"] if r["pod"].startswith(f"{scene.ns}/")}
+    assert body["summary"]["count"] == len(body["reclaims"]), body["summary"]
+    return found if set(found) == names else None

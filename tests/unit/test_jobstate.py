@@ -98,6 +98,14 @@ def test_a_gang_waiting_for_its_minimum_counts_native_pods_and_no_more_than_the_
     assert report(job(4, native=2, dispatched_at=1.0)) is None  # sent: the member pod speaks next
 
 
+def test_a_complete_gang_no_member_can_take_says_so_until_it_is_sent() -> None:
+    why = "no member can take the gang's 4 pods (12 CPU) at once: m1 lends 6 CPU"
+    held = report(job(4, native=3, unplaced=why))
+    assert (held["phase"], held["reason"], held["message"]) == ("Pending", "NoMemberFits", why)
+    assert held["conditions"] == [{"type": "Ready", "status": "False", "reason": "NoMemberFits", "message": why}]
+    assert report(job(4, native=3, unplaced=why, dispatched_at=1.0)) is None
+
+
 def test_a_plain_pod_not_yet_in_its_member_and_an_unknown_pod_report_nothing() -> None:
     assert report(job()) is None
     assert report(None) is None

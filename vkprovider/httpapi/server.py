@@ -49,6 +49,7 @@ from vkprovider.provider import (
     PodLifecycle,
     ProviderError,
     ProviderNotFound,
+    ReclaimSource,
     StatsProvider,
 )
 
@@ -394,6 +395,7 @@ def health_app(
     view: Callable[[], dict[str, Any]] | None = None,
     history: HistorySource | None = None,
     dashboard: DashboardSource | None = None,
+    reclaims: ReclaimSource | None = None,
 ) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok") if alive() else web.Response(status=500, text="unhealthy\n")
@@ -421,6 +423,16 @@ def health_app(
         body = history.history(since, member, resource, points)
         return web.Response(text=json.dumps(body), content_type="application/json")
 
+    async def reclaims_of(request: web.Request) -> web.Response:
+        if reclaims is None:
+            return web.Response(status=404, text="this provider keeps no reclaims\n")
+        try:
+            since = parse_duration(request.query.get("since", "24h"))
+        except ValueError as exc:
+            return web.Response(status=400, text=f"{exc}\n")
+        body = reclaims.reclaims(since, request.query.get("member") or None)
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
     async def page(request: web.Request) -> web.Response:
         if dashboard is None:
             return web.Response(status=404, text="this provider has no dashboard\n")
@@ -430,6 +442,7 @@ def health_app(
     app.router.add_get("/", page)
     app.router.add_get("/capacity", capacity)
     app.router.add_get("/history", history_of)
+    app.router.add_get("/reclaims", reclaims_of)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
