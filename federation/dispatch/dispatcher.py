@@ -274,7 +274,7 @@ class Dispatcher:
             why = placement.shortfall(capacities, requests, wanted, exclude=excluded, reserved=reserved)
             told, job.unplaced = job.unplaced, why
             if told is None:
-                await self.gangs.emit(job, forge.NO_ROOM, f"the gang waits whole at the front end: {why}")
+                await self.gangs.emit(job, forge.NO_ROOM, f"the gang waits whole at the front end: {why}"[:1000])
             if not retry:
                 self.gangs.start(job)  # waits for capacity until the gang's timeout
             if why != told:

@@ -114,7 +114,8 @@ def _amounts(vec: dict[str, int]) -> str:
     if vec.get(quantities.CPU):
         parts.append(f"{vec[quantities.CPU] / 1000:g} CPU")
     if vec.get(quantities.MEMORY):
-        parts.append(f"{vec[quantities.MEMORY] / 2**30:.3g}Gi memory")
+        gib = vec[quantities.MEMORY] / 2**30
+        parts.append(f"{gib:.0f}Gi memory" if gib >= 10 else f"{gib:.2g}Gi memory")
     if vec.get(quantities.GPU):
         parts.append(f"{vec[quantities.GPU]} GPUs")
     return ", ".join(parts) or "nothing"
@@ -146,8 +147,10 @@ def shortfall(
         else:
             where = f" of GPU model {gang.gpu_model}" if gang.gpu_model else ""
             within = " within one network pod" if gang.same_network else ""
+            most = capacity.largest.get("gpu" if total.get(quantities.GPU) else "cpu")
+            free = f" (the most free on one node: {_amounts(most)})" if most else ""
             clauses.append(
-                f"{name} lends {_amounts(capacity.lendable)} but its nodes{where} cannot hold the pods{within}"
+                f"{name} lends {_amounts(capacity.lendable)} but its nodes{where} cannot hold the pods{within}{free}"
             )
     members = "; ".join(clauses) if clauses else "no member is configured"
     return f"no member can take the gang's {len(requests)} pods ({_amounts(total)}) at once: {members}"

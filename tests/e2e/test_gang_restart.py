@@ -96,7 +96,8 @@ async def test_a_gang_waiting_for_room_restarted_two_thirds_in_times_out_once_at
 
         items = await eventually(waiting, timeout=60, what="the gang bound to the virtual node, waiting for room")
         said = items[0]["status"]["message"]
-        assert said.startswith("no member can take the gang's 2 pods (18 GPUs) at once: "), said
+        assert said.startswith("no member can take the gang's 2 pods (2 CPU, 18 GPUs) at once: "), said
+        assert "the most free on one node:" in said and "8 GPUs" in said, said
         # The wait began when the gang's minimum (its last pod) was bound at the front end.
         began = max(t for p in items if (t := _scheduled_at(p)) is not None)
         killed, ready = await _kill_and_restart_at(proc, began + KILL_AT)
