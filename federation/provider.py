@@ -302,14 +302,8 @@ class FederationProvider:
         return self.tide.query(since_seconds=since_seconds, member=member, resource=resource, max_points=points)
 
     def reclaims(self, since_seconds: float, member: str | None) -> dict[str, Any]:
-        """The pods given back from `since_seconds` ago (federation.view.reclaims), served at
-        /reclaims on the plain port and shown on the dashboard."""
-        listed = self.reclaim_log.since(time.time() - since_seconds, member=member)
-        return {
-            "since_seconds": since_seconds,
-            "summary": self.reclaim_log.summary(listed),
-            "reclaims": [r.as_json() for r in listed],
-        }
+        """The pods given back (federation.view.reclaims), at /reclaims on the plain port."""
+        return self.reclaim_log.served(since_seconds, member, now=time.time())
 
     def register_metrics(self, registry: Any) -> None:
         """The features' counters, histograms and gauges, exposed with the runtime's (/metrics)."""

@@ -90,6 +90,16 @@ class ReclaimLog:
         """The reclaims at or after `t`, oldest first (of one member if named)."""
         return [r for r in self._entries if r.at >= t and (member is None or r.member == member)]
 
+    def served(self, since_seconds: float, member: str | None, *, now: float) -> dict[str, Any]:
+        """What GET /reclaims answers: the reclaims of the last `since_seconds`, oldest first,
+        with their summary."""
+        listed = self.since(now - since_seconds, member=member)
+        return {
+            "since_seconds": since_seconds,
+            "summary": self.summary(listed),
+            "reclaims": [r.as_json() for r in listed],
+        }
+
     def summary(self, reclaims: Iterable[Reclaim]) -> dict[str, Any]:
         """Counts for a list's header: by member, by cause, with and without notice."""
         listed = list(reclaims)

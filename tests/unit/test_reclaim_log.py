@@ -45,6 +45,8 @@ def test_since_and_member_select_and_the_summary_counts() -> None:
         log.record(_entry(100.0 + i, member=f"member-{i % 2}", noticed_at=None if i == 5 else 90.0))
     assert [r.at for r in log.since(103.0)] == [103.0, 104.0, 105.0]
     assert [r.at for r in log.since(0, member="member-1")] == [101.0, 103.0, 105.0]
+    served = log.served(3.0, "member-1", now=106.0)
+    assert [r["at"] for r in served["reclaims"]] == [103.0, 105.0] and served["summary"]["count"] == 2
     summary = log.summary(log.since(0))
     assert summary == {
         "count": 6,
