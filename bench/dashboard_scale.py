@@ -35,8 +35,9 @@ def view() -> dict[str, Any]:
     members = {
         f"member-{m}": {
             "reachable": True,
-            "lendable": {"cpu": "64000", "memory": str(2**40)},
+            "lent": {"cpu": "96000"},
             "used": {"cpu": "32000"},
+            "free": {"cpu": "64000", "memory": str(2**40)},
             "online": {"cpu": "30000"},
             "nodes": {"total": 2000, "eligible": 2000},
             "gpusByModel": {"V100": 1000},
@@ -63,7 +64,7 @@ def history(now: float) -> dict[str, Any]:
             "points": [[now - (POINTS - i) * 10, 1000 + (i % 360) + m] for i in range(POINTS)],
         }
         for m in range(1, MEMBERS + 1)
-        for kind in ("lendable", "used", "online")
+        for kind in ("lent", "used", "online")
     ]
     return {"now": now, "step": 10.0, "summary": [], "series": series}
 

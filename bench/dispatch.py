@@ -159,7 +159,7 @@ async def _burst(client: KubeClient, namespace: str, bodies: list[dict[str, Any]
 async def _provider_ready(session: aiohttp.ClientSession, port: int) -> bool:
     async with session.get(f"http://127.0.0.1:{port}/capacity") as resp:
         view = await resp.json()
-    return bool(view.get("members", {}).get(MEMBER, {}).get("lendable"))
+    return bool(view.get("members", {}).get(MEMBER, {}).get("free"))
 
 
 class Bench:

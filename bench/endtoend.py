@@ -72,7 +72,7 @@ def provider_config(lab: LabState, node: str, **federation: Any) -> dict[str, An
 async def members_ready(session: aiohttp.ClientSession, port: int, count: int) -> bool:
     async with session.get(f"http://127.0.0.1:{port}/capacity") as resp:
         view = await resp.json()
-    return sum(1 for m in view.get("members", {}).values() if m.get("lendable")) >= count
+    return sum(1 for m in view.get("members", {}).values() if m.get("free")) >= count
 
 
 class AuditWindow:

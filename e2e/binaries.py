@@ -34,6 +34,7 @@ BINARIES = {
     "helm": "helm",
     "promtool": "promtool",
     "prometheus": "promtool",
+    "dashboardcheck": "grafana",
     "jobset": "jobset",
     "kueue": "kueue",
     "volcano-scheduler": "volcano",
@@ -43,7 +44,7 @@ BINARIES = {
 
 #: Built like the others for the tests (the chart tests' client), but never run by the lab, so a
 #: `--bin-dir` need not hold them.
-NOT_RUN_BY_LAB = frozenset({"helm", "promtool", "prometheus"})
+NOT_RUN_BY_LAB = frozenset({"helm", "promtool", "prometheus", "dashboardcheck"})
 #: Run by the lab only when asked (`up --with`, e2e.stacks): a `--bin-dir` need not hold them either.
 STACKS = frozenset({"jobset", "kueue", "volcano-scheduler", "volcano-controller-manager", "volcano-webhook-manager"})
 
@@ -153,6 +154,15 @@ def tool_builds() -> dict[str, ToolBuild]:
             },
             ldflags=("-s", "-w"),
         ),
+        # The chart's Grafana dashboard is checked against Grafana's own dashboard schema, by the
+        # strict decoding of the schema-generated types of grafana-foundation-sdk (a command line
+        # of ours over that library: no upstream command does it).
+        "grafana": ToolBuild(
+            module="grafana",
+            main_module="github.com/grafana/grafana-foundation-sdk/go",
+            packages={"dashboardcheck": "vkprovider.local/e2e/tools/grafana/dashboardcheck"},
+            ldflags=("-s", "-w"),
+        ),
         # The offline stacks the lab runs on request (e2e.stacks), unmodified, as their releases build them.
         "jobset": ToolBuild(
             module="jobset",
@@ -193,10 +203,13 @@ def _go_version() -> str:
 
 
 def build_key(build: ToolBuild, go_version: str) -> str:
-    """What determines a build: the pins (go.mod, go.sum), the link flags and the Go version."""
+    """What determines a build: the pins (go.mod, go.sum), any Go source of the tools module's
+    own (a command line over an upstream library), the link flags and the Go version."""
     digest = hashlib.sha256()
     for name in ("go.mod", "go.sum"):
         digest.update((build.module_dir / name).read_bytes())
+    for source in sorted(build.module_dir.rglob("*.go")):
+        digest.update(source.relative_to(build.module_dir).as_posix().encode() + b"\0" + source.read_bytes())
     digest.update("\0".join(build.ldflags).encode())
     digest.update(go_version.encode())
     return f"{build.module}-{build.version()}-{digest.hexdigest()[:12]}"

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +204,7 @@ async def demo(state_dir: Path, with_stacks: tuple[str, ...] = ()) -> None:
     for _ in range(300):
         try:
             view = vk_status.fetch(url)
-            if len(view.get("members", {})) == 3 and all("lendable" in m for m in view["members"].values()):
+            if len(view.get("members", {})) == 3 and all("lent" in m for m in view["members"].values()):
                 break
         except OSError:
             pass
@@ -337,6 +339,21 @@ async def _reclaim_step(lab: state.LabState, url: str) -> None:
             "REASON:.status.reason,RECLAIM-AT:.metadata.annotations.vkprovider\\.io/reclaim-at",
         )
     )
+    # Kept once the member's watch sees each victim gone (GET /reclaims on the plain port).
+    kept: dict[str, Any] = {}
+    for _ in range(100):
+        kept = _reclaims(url, "1h")
+        if victims <= {r["pod"].split("/", 1)[1] for r in kept.get("reclaims", [])}:
+            break
+        await asyncio.sleep(0.2)
+    print("\n$ vkprovider status --reclaims 1h   # kept: each pod given back, with its cause and notice")
+    print(vk_status.render_reclaims(kept, "1h"))
+    print(f"  (also GET {url}/reclaims?since=1h, and the dashboard's Reclaimed table at {url}/)")
+
+
+def _reclaims(url: str, since: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/reclaims?since={since}", timeout=5.0) as resp:
+        return dict(json.load(resp))
 
 
 async def _top_step(lab: state.LabState) -> None:

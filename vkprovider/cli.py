@@ -1,7 +1,7 @@
 """`vkprovider`: the product's command line.
 
   vkprovider run --config FILE [--set section.key=value ...] [--node-name N] [--kubeconfig F] [--port P]
-  vkprovider status [--url http://HOST:10255] [--since 24h]
+  vkprovider status [--url http://HOST:10255] [--since 24h | --reclaims 1h]
   vkprovider drain --config FILE [--deployment NS/NAME] [--timeout S]
   vkprovider onboard --tenant T --front-end-kubeconfig F --member-kubeconfig M [--member-name N]
                      [--quota cpu=...,memory=...] [--pod-security LEVEL] [--dry-run]
@@ -51,9 +51,11 @@ def _parser() -> argparse.ArgumentParser:
         importlib.import_module(module).add_arguments(sub)
     status = sub.add_parser("status", help="print capacity, use and health of members and virtual nodes")
     status.add_argument("--url", default="http://127.0.0.1:10255", help="the provider's plain HTTP port")
-    status.add_argument(
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument(
         "--since", default=None, help="instead: what each member lent and offline work used over 24h, 90m, 14d..."
     )
+    shown.add_argument("--reclaims", default=None, metavar="SPAN", help="instead: the pods given back over 1h, 24h...")
     return parser
 
 
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "run":
         _end_on_sigterm()
     if args.command == "status":
-        return status.main(args.url, args.since)
+        return status.main(args.url, args.since, args.reclaims)
     if args.command == "drain":
         return _drain(args)
     for module, commands in TOOL_MODULES.items():

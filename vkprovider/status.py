@@ -1,8 +1,10 @@
 """`vkprovider status`: the provider's resource view (GET /capacity on the plain port) as tables;
-with `--since`, what each member lent and offline work used over that time (GET /history)."""
+with `--since`, what each member lent and offline work used over that time (GET /history); with
+`--reclaims`, the pods given back over that time (GET /reclaims)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import urllib.error
 import urllib.parse
@@ -34,16 +36,18 @@ def render(view: dict[str, Any]) -> str:
             "SOURCE",
             "REACHABLE",
             "NODES",
-            "LEND CPU",
-            "LEND MEMORY",
-            "LEND GPU",
+            "LENT CPU",
             "USED CPU",
+            "FREE CPU",
+            "ONLINE CPU",
+            "FREE MEMORY",
+            "LENT GPU",
             "USED GPU",
             "GPU MODELS (FREE)",
         ]
     ]
     for name, m in view.get("members", {}).items():
-        lend, used = m.get("lendable", {}), m.get("used", {})
+        lent, used, free = m.get("lent", {}), m.get("used", {}), m.get("free", {})
         nodes = m.get("nodes", {})
         members.append(
             [
@@ -53,10 +57,12 @@ def render(view: dict[str, Any]) -> str:
                 + ("" if m.get("enabled", True) else " (disabled)")
                 + (" (draining)" if m.get("draining") else ""),
                 f"{nodes.get('eligible', 0)}/{nodes.get('total', 0)}" if nodes else "-",
-                lend.get("cpu", "0"),
-                _gib(lend.get("memory", "0")),
-                lend.get("nvidia.com/gpu", "0"),
+                lent.get("cpu", "0"),
                 used.get("cpu", "0"),
+                free.get("cpu", "0"),
+                m.get("online", {}).get("cpu", "0"),
+                _gib(free.get("memory", "0")),
+                lent.get("nvidia.com/gpu", "0"),
                 used.get("nvidia.com/gpu", "0"),
                 ", ".join(f"{k}={v}" for k, v in m.get("gpusByModel", {}).items()) or "-",
             ]
@@ -130,8 +136,38 @@ def render_summary(history: dict[str, Any], since: str) -> str:
     return f"over the last {since}:\n" + _table(rows)
 
 
-def main(url: str, since: str | None = None) -> int:
-    path = "/capacity" if since is None else f"/history?since={urllib.parse.quote(since)}"
+def render_reclaims(body: dict[str, Any], since: str) -> str:
+    """The pods given back: when, where, why, and whether their job had (and used) a notice."""
+    rows = [["TIME (UTC)", "MEMBER", "NODE", "POD", "BAND", "CAUSE", "NOTICE", "ACKNOWLEDGED"]]
+    for r in body.get("reclaims", []):
+        notice = r.get("notice_seconds")
+        rows.append(
+            [
+                datetime.datetime.fromtimestamp(float(r["at"]), datetime.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+                str(r.get("member", "-")),
+                str(r.get("node") or "-"),
+                str(r.get("pod", "-")),
+                str(r.get("band", "-")),
+                str(r.get("cause", "-")),
+                "none" if notice is None else f"{float(notice):.0f}s",
+                "yes" if r.get("acknowledged") else "no",
+            ]
+        )
+    if len(rows) == 1:
+        return f"no pod was given back over the last {since} (the provider keeps them from its start)"
+    summary = body.get("summary") or {}
+    head = (
+        f"over the last {since}: {summary.get('count', len(rows) - 1)} pods given back, "
+        f"{summary.get('with_notice', 0)} with notice, {summary.get('acknowledged', 0)} acknowledged"
+    )
+    return head + "\n" + _table(rows)
+
+
+def main(url: str, since: str | None = None, reclaims: str | None = None) -> int:
+    if reclaims is not None:
+        path = f"/reclaims?since={urllib.parse.quote(reclaims)}"
+    else:
+        path = "/capacity" if since is None else f"/history?since={urllib.parse.quote(since)}"
     try:
         with urllib.request.urlopen(url.rstrip("/") + path, timeout=10.0) as resp:
             body = dict(json.load(resp))
@@ -141,5 +177,8 @@ def main(url: str, since: str | None = None) -> int:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"error: cannot read {url}{path}: {exc}")
         return 1
-    print(render(body) if since is None else render_summary(body, since))
+    if reclaims is not None:
+        print(render_reclaims(body, reclaims))
+    else:
+        print(render(body) if since is None else render_summary(body, since))
     return 0

@@ -146,7 +146,8 @@ class MemberCapacity:
 
     @property
     def capacity(self) -> dict[str, int]:
-        """What the virtual node shows for this member: lendable plus what our pods use."""
+        """What the member lends now ("lent"): what is free to place (`lendable`) plus what our
+        pods hold; the virtual node's capacity for this member."""
         return quantities.add(self.lendable, self.ours_used)
 
     def fits_one(self, request: dict[str, int]) -> bool:
@@ -159,10 +160,11 @@ class MemberCapacity:
         return {
             "name": self.name,
             "reachable": self.reachable,
-            "lendable": fmt(self.lendable),
+            # The README's figures ("What the figures mean"): lent = used + free.
+            "lent": fmt(self.capacity),
             "used": fmt(self.ours_used),
+            "free": fmt(self.lendable),
             "online": fmt(self.online_used),
-            "capacity": fmt(self.capacity),
             "nodes": {"total": self.nodes_total, "eligible": self.nodes_eligible},
             "largest": {k: fmt(v) for k, v in self.largest.items()},
             "gpusByModel": dict(sorted(self.gpus_by_model.items())),

@@ -380,8 +380,9 @@ class Dispatcher:
         }
 
     def job_states(self) -> dict[str, int]:
-        """Jobs by state (waiting, dispatched, or why they failed), for the jobs gauge."""
-        counts = {"waiting": 0, "dispatched": 0}
+        """Jobs by state (waiting, NoMemberFits, dispatched, or why they failed), for the jobs
+        gauge; the first three always, so an alert on one has a series to read."""
+        counts = {"waiting": 0, forge.NO_ROOM: 0, "dispatched": 0}
         for job in self.jobs.values():
             state = job_state(job)
             counts[state] = counts.get(state, 0) + 1

@@ -77,8 +77,13 @@ class Job:
 
 
 def job_state(job: Job) -> str:
-    """waiting, dispatched, or why it failed (GangTimeout, MemberRemoved)."""
-    return job.failed or ("dispatched" if job.dispatched_at is not None else "waiting")
+    """waiting, NoMemberFits (complete, no member can take it now), dispatched, or why it failed
+    (GangTimeout, MemberRemoved)."""
+    if job.failed:
+        return job.failed
+    if job.dispatched_at is not None:
+        return "dispatched"
+    return forge.NO_ROOM if job.unplaced is not None else "waiting"
 
 
 # -- the gang's clock ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
   the gauges of the present moment (Prometheus collectors);
 - reclaims (pure): every pod given back, with its cause and notice, in a bounded log;
 - page: the dashboard, one self-contained page (dashboard/index.html).
+- grafana (pure): the Grafana dashboard the chart ships, generated.
 
 May import: federation.capacity and the shared modules. Must not import: members,
 dispatch, reclaim, tenancy, streams or agent; what it shows of them is handed in as callables.

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: (member, resource, kind); kind is "lendable", "used" or "online".
+#: (member, resource, kind); kind is "lent", "used" or "online" (federation.view.tide).
 Key = tuple[str, str, str]
-KINDS = ("lendable", "used", "online")
+KINDS = ("lent", "used", "online")
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ the member summaries each time the provider recomputes them (at least once a sec
     for values that hold between two recomputations (a change is seen at the next one, and the
     provider recomputes on every change), read as Prometheus counters.
 
-"Lent" is what the member made available to us: what we could still place plus what our pods
-hold (the virtual node's capacity for that member); "used" is what our pods hold.
+"Lent" is what the member made available to us: what we could still place ("free") plus what
+our pods hold (the virtual node's capacity for that member); "used" is what our pods hold;
+"online" what the member's own pods request. The same words mean the same figures in /capacity,
+the dashboard, the gauges below and `vkprovider status` (the README's "What the figures mean").
 """
 
 from __future__ import annotations
@@ -36,15 +38,15 @@ def sample(summary: MemberCapacity) -> dict[Key, float]:
     out: dict[Key, float] = {}
     for resource, scale in SCALE.items():
         name = "gpu" if resource == quantities.GPU else resource
-        out[(member, name, "lendable")] = lent.get(resource, 0) / scale
+        out[(member, name, "lent")] = lent.get(resource, 0) / scale
         out[(member, name, "used")] = summary.ours_used.get(resource, 0) / scale
         out[(member, name, "online")] = summary.online_used.get(resource, 0) / scale
     for model, free in summary.gpus_by_model.items():
         used = summary.ours_gpus_by_model.get(model, 0)
-        out[(member, f"gpu/{model}", "lendable")] = float(free + used)
+        out[(member, f"gpu/{model}", "lent")] = float(free + used)
         out[(member, f"gpu/{model}", "used")] = float(used)
     for model, used in summary.ours_gpus_by_model.items():
-        out.setdefault((member, f"gpu/{model}", "lendable"), float(used))
+        out.setdefault((member, f"gpu/{model}", "lent"), float(used))
         out.setdefault((member, f"gpu/{model}", "used"), float(used))
     return out
 
@@ -93,8 +95,8 @@ class Tide:
             for (member, resource, kind), value in current.items():
                 if resource == "cpu" or resource.startswith("gpu/"):
                     what, model = ("cpu", "") if resource == "cpu" else ("gpu", resource[4:])
-                    if kind in ("lendable", "used"):
-                        target = self.lent if kind == "lendable" else self.used
+                    if kind in ("lent", "used"):
+                        target = self.lent if kind == "lent" else self.used
                         target.setdefault((member, what, model), _Integral()).update(now, value)
                         seen.add((member, what, model))
         for integrals in (self.lent, self.used):
@@ -157,10 +159,10 @@ def totals(series: dict[Key, list[tuple[float, float]]], step: float) -> list[di
     span, in unit-hours (core-hours, GPU-hours), from the slots' means; the daily summary."""
     sums: dict[tuple[str, str], dict[str, float]] = {}
     for (member, resource, kind), points in series.items():
-        if kind not in ("lendable", "used") or not (resource == "cpu" or resource.startswith("gpu/")):
+        if kind not in ("lent", "used") or not (resource == "cpu" or resource.startswith("gpu/")):
             continue
         entry = sums.setdefault((member, resource), {"lent": 0.0, "used": 0.0})
-        entry["lent" if kind == "lendable" else "used"] += sum(v for _, v in points) * step / 3600.0
+        entry[kind] += sum(v for _, v in points) * step / 3600.0
     return [
         {
             "member": member,
@@ -212,7 +214,8 @@ MemberState = tuple[str, bool, MemberCapacity | None]
 
 class FleetMetrics(Collector):
     """Gauges of the present moment, for dashboards and the chart's alert rules: each member's
-    reachability, what it lends and what our pods use there, and jobs by state."""
+    reachability, what it lends, what our pods hold there, what is free and its online load, and
+    jobs by state."""
 
     def __init__(self, members: Callable[[], Iterable[MemberState]], jobs: Callable[[], dict[str, int]]) -> None:
         self._members = members
@@ -222,25 +225,47 @@ class FleetMetrics(Collector):
         reachable = GaugeMetricFamily(
             "vkprovider_member_reachable", "1 while the member's apiserver answers, else 0.", labels=["member"]
         )
-        lendable = GaugeMetricFamily(
-            "vkprovider_member_lendable",
-            "What the member lends now beyond what our pods hold (cores, bytes, GPUs).",
-            labels=["member", "resource"],
-        )
-        used = GaugeMetricFamily(
-            "vkprovider_member_used", "What our pods hold in the member now (cores, bytes, GPUs).",
-            labels=["member", "resource"],
-        )  # fmt: skip
+        figures = {
+            "lent": GaugeMetricFamily(
+                "vkprovider_member_lent",
+                "What the member lends now: what our pods hold plus what is free (cores, bytes, GPUs).",
+                labels=["member", "resource"],
+            ),
+            "used": GaugeMetricFamily(
+                "vkprovider_member_used", "What our pods hold in the member now (cores, bytes, GPUs).",
+                labels=["member", "resource"],
+            ),
+            "free": GaugeMetricFamily(
+                "vkprovider_member_free",
+                "What the member lends and our pods do not hold: what could be placed now (cores, bytes, GPUs).",
+                labels=["member", "resource"],
+            ),
+            "online": GaugeMetricFamily(
+                "vkprovider_member_online", "What the member's own pods request now (cores, bytes, GPUs).",
+                labels=["member", "resource"],
+            ),
+        }  # fmt: skip
         for name, up, summary in self._members():
             reachable.add_metric([name], 1.0 if up else 0.0)
+            vectors = (
+                {
+                    "lent": summary.capacity,
+                    "used": summary.ours_used,
+                    "free": summary.lendable,
+                    "online": summary.online_used,
+                }
+                if summary is not None
+                else {}
+            )
             for resource, scale in SCALE.items():
-                lendable.add_metric([name, resource], (summary.lendable.get(resource, 0) if summary else 0) / scale)
-                used.add_metric([name, resource], (summary.ours_used.get(resource, 0) if summary else 0) / scale)
+                for figure, family in figures.items():
+                    family.add_metric([name, resource], vectors.get(figure, {}).get(resource, 0) / scale)
         jobs = GaugeMetricFamily(
             "vkprovider_jobs",
-            "Jobs by state: waiting, dispatched, or why they failed (GangTimeout: the gang waited past its timeout).",
+            "Jobs by state: waiting (a gang not yet whole), NoMemberFits (whole, no member can take it now), "
+            "dispatched, or why they failed (GangTimeout: the gang waited past its timeout).",
             labels=["state"],
         )
         for state, count in sorted(self._jobs().items()):
             jobs.add_metric([state], count)
-        yield from (reachable, lendable, used, jobs)
+        yield from (reachable, *figures.values(), jobs)

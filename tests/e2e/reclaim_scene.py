@@ -129,7 +129,7 @@ async def start_scene(
 
     async def synced() -> bool:
         view = await proc.view()
-        return "lendable" in view.get("members", {}).get(name, {})
+        return "lent" in view.get("members", {}).get(name, {})
 
     await eventually(synced, timeout=30, what="member-1's capacity known")
     ns = f"rc-{tag}"

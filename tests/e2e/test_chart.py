@@ -467,9 +467,10 @@ def exposed_metric_names() -> set[str]:
     return e2e_metrics.parse(generate_latest(registry).decode()).names()
 
 
-#: promtool unit tests of the chart's alerts (rendered with gpuWatermark=2; cpuWatermark 16 and
-#: `for` 10m by default), minute by minute: each alert fires when and only when it should, with
-#: its labels and its summary as rendered.
+#: promtool unit tests of the chart's alerts (rendered with gpuWatermark=2 and member-2's own
+#: cpuWatermark 80; cpuWatermark 16, `for` 10m, noRoomFor 15m and reclaimsPerHour 50 by default),
+#: minute by minute: each alert fires when and only when it should, with its labels and its
+#: summary as rendered.
 ALERT_TESTS = {
     "evaluation_interval": "1m",
     "tests": [
@@ -479,13 +480,17 @@ ALERT_TESTS = {
                 # member-1 stops answering at minute 11; member-2 always answers.
                 {"series": 'vkprovider_member_reachable{member="member-1"}', "values": "1x10 0x20"},
                 {"series": 'vkprovider_member_reachable{member="member-2"}', "values": "1x30"},
-                # member-1 lends 8 cores from minute 6, 1 GPU from minute 6; member-2 enough.
-                {"series": 'vkprovider_member_lendable{member="member-1",resource="cpu"}', "values": "32x5 8x25"},
-                {"series": 'vkprovider_member_lendable{member="member-2",resource="cpu"}', "values": "64x30"},
+                # member-1 lends 8 cores in all from minute 6, 1 GPU from minute 6; member-2 64
+                # cores, below its own watermark of 80; member-3 100, above the default.
+                {"series": 'vkprovider_member_lent{member="member-1",resource="cpu"}', "values": "32x5 8x25"},
+                {"series": 'vkprovider_member_lent{member="member-2",resource="cpu"}', "values": "64x30"},
+                {"series": 'vkprovider_member_lent{member="member-3",resource="cpu"}', "values": "100x30"},
                 {
-                    "series": 'vkprovider_member_lendable{member="member-1",resource="nvidia.com/gpu"}',
+                    "series": 'vkprovider_member_lent{member="member-1",resource="nvidia.com/gpu"}',
                     "values": "4x5 1x25",
                 },
+                # A gang whole at the front end that no member can take, from minute 6.
+                {"series": 'vkprovider_jobs{state="NoMemberFits"}', "values": "0x5 1x25"},
                 # Two gangs timed out from minute 6.
                 {"series": 'vkprovider_jobs{state="GangTimeout"}', "values": "0x5 2x25"},
                 {"series": 'vkprovider_jobs{state="dispatched"}', "values": "5x30"},
@@ -497,6 +502,11 @@ ALERT_TESTS = {
                 {
                     "series": 'vkprovider_reclaimed_pods_total{member="member-1",band="worker-min",cause="planner"}',
                     "values": "0x5 3x25",
+                },
+                # member-3 takes back 60 of ours at minute 11 (our notices: a storm, not a breach).
+                {
+                    "series": 'vkprovider_reclaimed_pods_total{member="member-3",band="worker-min",cause="planner"}',
+                    "values": "0x10 60x20",
                 },
             ],
             "alert_rule_test": [
@@ -515,25 +525,80 @@ ALERT_TESTS = {
                         }
                     ],
                 },
-                # Below 16 cores from minute 6, for 10 minutes: firing at 16, not at 15.
-                {"eval_time": "15m", "alertname": "VkproviderLendableCpuBelowWatermark", "exp_alerts": []},
+                # member-2 below its own 80 from the start: firing at 10; member-1 below the
+                # default 16 from minute 6, for 10 minutes: firing at 16, not at 15.
                 {
-                    "eval_time": "16m",
-                    "alertname": "VkproviderLendableCpuBelowWatermark",
+                    "eval_time": "15m",
+                    "alertname": "VkproviderLentCpuBelowWatermark",
                     "exp_alerts": [
                         {
-                            "exp_labels": {"severity": "info", "member": "member-1"},
-                            "exp_annotations": {"summary": "Member member-1 lends 8 cores, below the watermark of 16."},
+                            "exp_labels": {"severity": "info", "member": "member-2"},
+                            "exp_annotations": {
+                                "summary": "Member member-2 lends 64 cores in all (ours and free), "
+                                "below its watermark of 80."
+                            },
                         }
                     ],
                 },
                 {
                     "eval_time": "16m",
-                    "alertname": "VkproviderLendableGpuBelowWatermark",
+                    "alertname": "VkproviderLentCpuBelowWatermark",
                     "exp_alerts": [
                         {
                             "exp_labels": {"severity": "info", "member": "member-1"},
-                            "exp_annotations": {"summary": "Member member-1 lends 1 GPUs, below the watermark of 2."},
+                            "exp_annotations": {
+                                "summary": "Member member-1 lends 8 cores in all (ours and free), "
+                                "below the watermark of 16."
+                            },
+                        },
+                        {
+                            "exp_labels": {"severity": "info", "member": "member-2"},
+                            "exp_annotations": {
+                                "summary": "Member member-2 lends 64 cores in all (ours and free), "
+                                "below its watermark of 80."
+                            },
+                        },
+                    ],
+                },
+                {
+                    "eval_time": "16m",
+                    "alertname": "VkproviderLentGpuBelowWatermark",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "info", "member": "member-1"},
+                            "exp_annotations": {
+                                "summary": "Member member-1 lends 1 GPUs in all (ours and free), "
+                                "below the watermark of 2."
+                            },
+                        }
+                    ],
+                },
+                # Whole and without room from minute 6, for 15 minutes: firing at 21, not at 20.
+                {"eval_time": "20m", "alertname": "VkproviderGangsWithoutRoom", "exp_alerts": []},
+                {
+                    "eval_time": "21m",
+                    "alertname": "VkproviderGangsWithoutRoom",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning"},
+                            "exp_annotations": {
+                                "summary": "1 gangs are whole at the front end but no member can take them (reason "
+                                "NoMemberFits on their pods)."
+                            },
+                        }
+                    ],
+                },
+                # 60 reclaims in member-3's hour: above 50 from minute 11; member-1's 3 never.
+                {"eval_time": "10m", "alertname": "VkproviderReclaimsAboveRate", "exp_alerts": []},
+                {
+                    "eval_time": "12m",
+                    "alertname": "VkproviderReclaimsAboveRate",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning", "member": "member-3"},
+                            "exp_annotations": {
+                                "summary": "Member member-3 took back 60 of our pods in the last hour, more than 50."
+                            },
                         }
                     ],
                 },
@@ -577,13 +642,21 @@ def test_alert_rules_pass_promtools_check_and_unit_tests_on_metrics_the_provider
     (built from its pinned module, like helm); every metric they name is one the provider
     exposes."""
     assert not [d for d in render() if d["kind"] == "PrometheusRule"]
-    rule = one(render("prometheusRule.enabled=true", "prometheusRule.gpuWatermark=2"), "PrometheusRule")
+    values = (
+        "prometheusRule.enabled=true",
+        "prometheusRule.gpuWatermark=2",
+        "prometheusRule.members.member-2.cpuWatermark=80",
+    )
+    rule = one(render(*values), "PrometheusRule")
     rules = rule["spec"]["groups"][0]["rules"]
     assert [r["alert"] for r in rules] == [
         "VkproviderMemberUnreachable",
-        "VkproviderLendableCpuBelowWatermark",
-        "VkproviderLendableGpuBelowWatermark",
+        "VkproviderLentCpuBelowWatermark",
+        "VkproviderLentCpuBelowWatermark",  # member-2's own
+        "VkproviderLentGpuBelowWatermark",
         "VkproviderGangTimedOut",
+        "VkproviderGangsWithoutRoom",
+        "VkproviderReclaimsAboveRate",
         "VkproviderReclaimWithoutNotice",
     ]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
@@ -597,7 +670,35 @@ def test_alert_rules_pass_promtools_check_and_unit_tests_on_metrics_the_provider
         named = set(re.findall(r"\bvkprovider_[a-z_]+", r["expr"]))
         assert named and named <= exposed, (r["alert"], named - exposed)
     no_gpu = one(render("prometheusRule.enabled=true"), "PrometheusRule")["spec"]["groups"][0]["rules"]
-    assert "VkproviderLendableGpuBelowWatermark" not in [r["alert"] for r in no_gpu]
+    assert "VkproviderLentGpuBelowWatermark" not in [r["alert"] for r in no_gpu]
+
+
+@pytest.mark.shares_lab
+def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar_that_grafanas_schema_accepts(tmp_path: Path) -> None:
+    """Grafana's own dashboard schema (the strict decoding of grafana-foundation-sdk's generated
+    types, e2e/tools/grafana) accepts the chart's dashboard, and refuses it with an unknown panel
+    field or a mistyped one: the check is strict, not a JSON parse."""
+    assert not [d for d in render() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    docs = render("grafanaDashboard.enabled=true", "grafanaDashboard.annotations.grafana_folder=pooling")
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "pooling"}
+    board = json.loads(config_map["data"]["vkprovider.json"])
+    assert board["uid"] == "vkprovider-tide" and board["panels"], board.keys()
+    check = str(binaries.ensure_all()["dashboardcheck"])
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(board))
+    typo = json.loads(json.dumps(board))
+    typo["panels"][1]["titel"] = "a misspelt field"
+    mistyped = json.loads(json.dumps(board))
+    mistyped["panels"][1]["gridPos"]["w"] = "wide"
+    for name, body in (("typo.json", typo), ("mistyped.json", mistyped)):
+        (tmp_path / name).write_text(json.dumps(body))
+    done = subprocess.run([check, str(good)], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    for name, field in (("typo.json", "titel"), ("mistyped.json", "gridPos")):
+        done = subprocess.run([check, str(tmp_path / name)], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 1 and field in done.stderr, (name, done.stderr)
 
 
 @pytest.mark.shares_lab

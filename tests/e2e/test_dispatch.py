@@ -60,7 +60,7 @@ async def _members_synced(proc: VkProcess) -> bool:
     view = await proc.view()
     configured = {m["name"] for m in proc.overrides["provider.federation"]["members"]}
     members = view.get("members", {})
-    return configured <= set(members) and all("lendable" in members[m] for m in configured)
+    return configured <= set(members) and all("lent" in members[m] for m in configured)
 
 
 def gang_pod(name: str, node: str, group: str, gpus: int) -> dict[str, Any]:

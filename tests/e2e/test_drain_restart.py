@@ -197,7 +197,7 @@ async def _trial(
 
     async def lendable() -> bool:
         member = (await scene.proc.view())["members"].get(scene.member, {})
-        return bool(member.get("enabled") and member.get("lendable") and not member.get("draining"))
+        return bool(member.get("enabled") and member.get("free") and not member.get("draining"))
 
     await eventually(lendable, timeout=30, what=f"{what}: the member lending again")
     for name in names:

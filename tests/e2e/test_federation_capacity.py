@@ -347,9 +347,10 @@ async def test_member_cluster_objects_added_and_removed_at_run_time(
 
 def _summary_of(view_member: dict[str, Any]) -> dict[str, Any]:
     keys = (
-        "lendable",
+        "lent",
         "used",
-        "capacity",
+        "free",
+        "online",
         "nodes",
         "largest",
         "gpusByModel",

@@ -69,7 +69,7 @@ async def start(proc: VkProcess, offline: KubeClient) -> None:
     async def ready() -> bool:
         view = await proc.view()
         members = view.get("members", {})
-        if len(members) != 3 or not all("lendable" in m for m in members.values()):
+        if len(members) != 3 or not all("lent" in m for m in members.values()):
             return False
         with contextlib.suppress(NotFound):
             await offline.get(f"{WEBHOOKS}/vkprovider-routing-{proc.node}")

@@ -64,7 +64,7 @@ async def start_provider(proc: VkProcess, members: int) -> None:
     async def synced() -> bool:
         view = await proc.view()
         found = view.get("members", {})
-        return len(found) == members and all("lendable" in m for m in found.values())
+        return len(found) == members and all("lent" in m for m in found.values())
 
     await eventually(synced, timeout=30, what="member capacity")
 

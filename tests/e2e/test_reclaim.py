@@ -727,4 +727,4 @@ async def test_disabling_or_removing_a_member_drains_it_through_notices(
 
 async def _lendable(scene: Scene) -> bool:
     member = (await scene.proc.view())["members"].get(scene.member, {})
-    return bool(member.get("enabled") and member.get("lendable"))
+    return bool(member.get("enabled") and member.get("free"))

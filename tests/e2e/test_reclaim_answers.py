@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from e2e import lab as lab_mod
+from e2e.browser import Browser, wait_for
 from e2e.fixtures import Lab
 from tests.e2e.helpers import eventually
 from tests.e2e.reclaim_scene import Scene, front_pod, start_scene, stop_scene
@@ -158,8 +159,31 @@ async def test_a_workload_acknowledges_or_extends_its_notice_and_a_reclaimed_pod
             assert entry["deadline"] == pytest.approx(_seconds(ann[RECLAIM_AT]), abs=0.01), entry
             assert entry["at"] >= deletes[name] and entry["notice_seconds"] > 0, (entry, deletes[name])
             assert entry["acknowledged"] is (name == "ack"), entry
+
+        # The dashboard's "Reclaimed" table shows them (a real browser on the plain port).
+        async with Browser(tmp_path / "chromium") as browser:
+            await browser.goto(f"http://127.0.0.1:{scene.proc.health_port}/")
+            rows = await wait_for(browser, RECLAIMED.format(ns=scene.ns), timeout=30)
+            shown = {row[3].partition("/")[2]: row for row in rows}
+            assert set(shown) == set(leaving), rows
+            for name, row in shown.items():
+                entry = kept[name]
+                _, member, node, _, job, band, cause, notice, acked = row
+                assert (member, node, job, cause) == (scene.member, entry["node"], entry["job"], "planner"), row
+                assert band == entry["band"] and acked == ("yes" if name == "ack" else "no"), row
+                # How long its notice ran: from its annotation to its deletion in member-1 at least.
+                ran = deletes[name] - _seconds(first[name]["metadata"]["annotations"][NOTICED_AT])
+                assert notice.endswith(" s") and float(notice[:-2]) >= ran - 1, (row, ran)
+            await browser.check_errors()
     finally:
         await stop_scene(scene)
+
+
+#: The dashboard's reclaimed rows of one namespace's pods, once there are four.
+RECLAIMED = (
+    "(r => r.length === 4 && r)([...document.querySelectorAll('#reclaimed tbody tr')]"
+    ".map(r => [...r.cells].map(c => c.textContent)).filter(c => c[3].startsWith('{ns}/')))"
+)
 
 
 async def _kept(scene: Scene, names: set[str]) -> dict[str, dict[str, Any]] | None:

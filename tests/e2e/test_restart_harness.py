@@ -101,7 +101,7 @@ async def _started(proc: VkProcess) -> None:
 
     async def synced() -> bool:
         members = (await proc.view()).get("members", {})
-        return len(members) == 1 and all("lendable" in m for m in members.values())
+        return len(members) == 1 and all("lent" in m for m in members.values())
 
     await eventually(synced, timeout=90, what="member capacity")
 
@@ -268,7 +268,7 @@ async def _drain(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rando
         await scene.spec({"enabled": True})
 
         async def lends() -> bool:
-            return "lendable" in (await scene.proc.view()).get("members", {}).get(scene.member, {})
+            return "lent" in (await scene.proc.view()).get("members", {}).get(scene.member, {})
 
         await eventually(lends, timeout=30, what=f"drain {n}: the member enabled again")
         return states

@@ -196,7 +196,7 @@ async def test_a_tenant_credential_stays_in_its_fence_and_its_provider_runs_on_t
                         return None
                     said = source.summarize(MemberConfig(name=name).capacity.policy()).to_json()
                     seen = (await proc.view())["members"].get(name, {})
-                    keys = ("lendable", "used", "online")
+                    keys = ("lent", "used", "free", "online")
                     return said if said["used"] and all(said[k] == seen.get(k) for k in keys) else None
 
                 agent_said = await eventually(agreed, timeout=30, what="the provider's offer equal to the agent's")

@@ -93,9 +93,20 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
 
         # The present-moment gauges the chart's alert rules read.
         assert await proc.metric('vkprovider_member_reachable{member="member-2"}') == 1.0
-        assert await proc.metric('vkprovider_member_lendable{member="member-2",resource="cpu"}') > 0
-        assert await proc.metric('vkprovider_member_used{member="member-2",resource="cpu"}') == 0.0
+        # Named whole, for tests/unit/test_metrics_reader.py's scan.
+        gauges = (
+            "vkprovider_member_lent",
+            "vkprovider_member_used",
+            "vkprovider_member_free",
+            "vkprovider_member_online",
+        )
+        figures = {
+            name.rpartition("_")[2]: await proc.metric(f'{name}{{member="member-2",resource="cpu"}}') for name in gauges
+        }
+        assert figures["lent"] > 0 and figures["used"] == 0.0, figures
+        assert figures["lent"] == pytest.approx(figures["used"] + figures["free"]), figures  # one definition
         assert await proc.metric('vkprovider_jobs{state="dispatched"}') == 0.0
+        assert await proc.metric('vkprovider_jobs{state="NoMemberFits"}') == 0.0
 
         base = f"http://127.0.0.1:{proc.health_port}"
         async with aiohttp.ClientSession() as session:
@@ -112,7 +123,7 @@ async def test_used_core_and_gpu_seconds_match_the_pods_lifetimes(
         assert history["step"] == 10.0
         assert max(v for _, v in series[("cpu", "used")]) == pytest.approx(CPU * PODS_RUN)
         assert max(v for _, v in series[("gpu/Tesla-V100-SXM2-32GB", "used")]) == pytest.approx(GPU * PODS_RUN)
-        assert series[("cpu", "lendable")] and series[("cpu", "online")]
+        assert series[("cpu", "lent")] and series[("cpu", "online")]
 
         # The daily summary, as `vkprovider status --since` prints it.
         said = subprocess.run(

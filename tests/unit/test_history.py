@@ -9,7 +9,7 @@ import pytest
 
 from federation.view.history import History, Tier
 
-KEY = ("member-1", "cpu", "lendable")
+KEY = ("member-1", "cpu", "lent")
 
 
 def test_a_slot_holds_the_mean_of_its_samples_and_gaps_stay_empty() -> None:

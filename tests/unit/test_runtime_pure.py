@@ -398,7 +398,9 @@ def test_status_tables_render_the_view() -> None:
                 "reachable": False,
                 "enabled": True,
                 "nodes": {"eligible": 2, "total": 3},
-                "lendable": {"cpu": "10", "memory": str(4 * 2**30)},
+                "lent": {"cpu": "12"},
+                "used": {"cpu": "2"},
+                "free": {"cpu": "10", "memory": str(4 * 2**30)},
                 "gpusByModel": {"T4": 4},
             }
         },
@@ -412,6 +414,9 @@ def test_status_tables_render_the_view() -> None:
     }
     text = render(view)
     assert "m1" in text and "NO" in text and "4Gi" in text and "T4=4" in text and "False (m1)" in text
+    header, row = text.splitlines()[:2]
+    assert header.split()[4:8] == ["LENT", "CPU", "USED", "CPU"], header
+    assert row.split()[4:7] == ["12", "2", "10"], row  # lent = used + free
 
 
 @pytest.mark.parametrize(
@@ -472,3 +477,23 @@ async def test_workers_of_the_urgent_lane_take_only_urgent_keys_and_are_woken_fi
     queue.shut_down()
     with pytest.raises(ShutDown):
         await waiting
+
+
+def test_status_renders_the_reclaims_kept() -> None:
+    from vkprovider.status import render_reclaims
+
+    body = {
+        "summary": {"count": 2, "with_notice": 1, "acknowledged": 1},
+        "reclaims": [
+            {"at": 0.0, "member": "m1", "node": "n1", "pod": "ns/a", "band": "worker-max", "cause": "planner",
+             "notice_seconds": 29.6, "acknowledged": True},
+            {"at": 61.0, "member": "m2", "node": "", "pod": "ns/b", "band": "worker-min", "cause": "NodeLost",
+             "notice_seconds": None, "acknowledged": False},
+        ],
+    }  # fmt: skip
+    head, header, first, second = render_reclaims(body, "1h").splitlines()
+    assert head == "over the last 1h: 2 pods given back, 1 with notice, 1 acknowledged"
+    assert header.split()[:3] == ["TIME", "(UTC)", "MEMBER"]
+    assert first.split() == ["1970-01-01", "00:00:00", "m1", "n1", "ns/a", "worker-max", "planner", "30s", "yes"]
+    assert second.split() == ["1970-01-01", "00:01:01", "m2", "-", "ns/b", "worker-min", "NodeLost", "none", "no"]
+    assert render_reclaims({"reclaims": []}, "1h").startswith("no pod was given back over the last 1h")

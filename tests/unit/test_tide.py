@@ -66,10 +66,10 @@ def test_the_history_and_the_counters_show_the_member() -> None:
     view = tide.query(since_seconds=3600)
     series = {(s["member"], s["resource"], s["kind"]): s["points"] for s in view["series"]}
     assert view["step"] == 10.0
-    assert series[("m1", "cpu", "lendable")] == [[1000.0, 8.0], [1010.0, 8.0]]
+    assert series[("m1", "cpu", "lent")] == [[1000.0, 8.0], [1010.0, 8.0]]
     assert series[("m1", "cpu", "used")][-1] == [1010.0, 2.0]
     assert series[("m1", "cpu", "online")][-1] == [1010.0, 5.0]
-    assert series[("m1", "gpu/T4", "lendable")][-1] == [1010.0, 4.0]
+    assert series[("m1", "gpu/T4", "lent")][-1] == [1010.0, 4.0]
 
     registry = CollectorRegistry()
     registry.register(TideMetrics(tide))
