@@ -155,6 +155,12 @@ class HistoryConfig(_Model):
         description="[seconds per point, points] per resolution: 24 h at 10 s and 14 days at 5 min.",
     )
     max_series: int = Field(1024, gt=0, description="At most this many series (member x resource x kind).")
+    file: str = Field(
+        "",
+        description="A file the history and the reclaims kept are read from at start and written to "
+        "every save_interval seconds and at stop (federation.view.store); empty: memory only.",
+    )
+    save_interval: float = Field(300.0, gt=0, description="Seconds between two writes of `file`.")
 
 
 class StreamingConfig(_Model):

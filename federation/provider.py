@@ -54,9 +54,8 @@ from federation.streams.session import StreamLimits
 from federation.tenancy.namespaces import MemberNamespaces
 from federation.usage.reader import MetricsReader
 from federation.usage.stats import UsageStats
-from federation.view import page
-from federation.view.reclaims import ReclaimLog
-from federation.view.tide import FleetMetrics, Tide, TideMetrics
+from federation.view.readings import Readings
+from federation.view.tide import FleetMetrics, TideMetrics
 from vkprovider.events import EventRecorder
 from vkprovider.kube import ApiError, ClusterAccess, KubeClient
 from vkprovider.logs import get as get_logger
@@ -74,7 +73,7 @@ from vkprovider.provider import (
 from vkprovider.settings import SettingsError
 
 
-class FederationProvider:
+class FederationProvider(Readings):
     def __init__(
         self, config: FederationConfig, *, node_name: str, source_factory: SourceFactory | None = None
     ) -> None:
@@ -127,8 +126,8 @@ class FederationProvider:
             job_object=self.reclaimer.reports.job_object,
             events=lambda: self._events,
         )
-        self.tide = Tide.with_tiers(config.history.tiers, max_series=config.history.max_series)
-        self.reclaim_log = ReclaimLog()
+        history = config.history
+        self._init_readings(history.tiers, max_series=history.max_series, file=history.file, save=history.save_interval)
         self.reclaimer.reports.on_reclaimed = self.reclaim_log.record
         self.quota = (
             QuotaKeeper(config.kueue_quota, front=lambda: self._client, node=self.node_name)
@@ -254,6 +253,7 @@ class FederationProvider:
             part.front, part.events = client, self._events
         for member in self.config.members:
             self.fleet.add_configured_member(member)
+        self.store.load()
         tasks = [
             asyncio.create_task(self._publish_loop(), name="federation/publish"),
             asyncio.create_task(self.dispatcher.writer.reflector.run(), name="federation/reflected-gc"),
@@ -261,6 +261,8 @@ class FederationProvider:
             asyncio.create_task(self.orphans.run(), name="federation/orphans"),
             asyncio.create_task(self.recall.outages(), name="federation/recall-outages"),
         ]
+        if self.store.path is not None:
+            tasks.append(asyncio.create_task(self.store.run(), name="federation/view-store"))
         if self.config.routing.enabled:
             webhook = RoutingWebhook(self.config.routing, name=self.node_name)
             tasks.append(asyncio.create_task(webhook.run(client), name="federation/routing-webhook"))
@@ -280,6 +282,7 @@ class FederationProvider:
             self.fleet.stop()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.last_logs.close()
+            await self.store.save()
 
     # -- what people read (federation.view) -----------------------------------------------------
 
@@ -291,19 +294,6 @@ class FederationProvider:
             "jobs": self.dispatcher.view(),
             "reclaims": self.reclaimer.view(),
         }
-
-    def dashboard_page(self) -> bytes:
-        return page.dashboard()
-
-    def history(
-        self, since_seconds: float, member: str | None, resource: str | None, points: int | None = None
-    ) -> dict[str, Any]:
-        """The capacity history (federation.view.tide), served at /history on the plain port."""
-        return self.tide.query(since_seconds=since_seconds, member=member, resource=resource, max_points=points)
-
-    def reclaims(self, since_seconds: float, member: str | None) -> dict[str, Any]:
-        """The pods given back (federation.view.reclaims), at /reclaims on the plain port."""
-        return self.reclaim_log.served(since_seconds, member, now=time.time())
 
     def register_metrics(self, registry: Any) -> None:
         """The features' counters, histograms and gauges, exposed with the runtime's (/metrics)."""

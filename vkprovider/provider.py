@@ -263,6 +263,14 @@ class ReclaimSource(Protocol):
 
 
 @runtime_checkable
+class ForecastSource(Protocol):
+    """Optional: what the provider expects to be able to use ahead (served at /forecast)."""
+
+    def forecast(self, hours: float) -> dict[str, Any]:
+        """The outlook over the next `hours`, with its method and its error on the past."""
+
+
+@runtime_checkable
 class DashboardSource(Protocol):
     """Optional: a read-only web page served at / on the plain port."""
 

@@ -34,6 +34,7 @@ from vkprovider.node import NodeController
 from vkprovider.pods import PodController
 from vkprovider.provider import (
     DashboardSource,
+    ForecastSource,
     HistorySource,
     MetricsSource,
     MultiNode,
@@ -167,6 +168,7 @@ class Runtime:
                         history=self.provider if isinstance(self.provider, HistorySource) else None,
                         dashboard=self.provider if isinstance(self.provider, DashboardSource) else None,
                         reclaims=self.provider if isinstance(self.provider, ReclaimSource) else None,
+                        forecast=self.provider if isinstance(self.provider, ForecastSource) else None,
                     ),
                     access_log=None,
                 )

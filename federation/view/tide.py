@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from federation.capacity import quantities
 from federation.capacity.summary import MemberCapacity
+from federation.view import forecast
 from federation.view.history import History, Key, Tier
 
 #: The resources of the history and their unit scale (millicores to cores).
@@ -74,6 +75,9 @@ class Tide:
     #: (member, what, model) -> integral; what: "cpu" (core-seconds) or "gpu" (GPU-seconds).
     lent: dict[tuple[str, str, str], _Integral] = field(default_factory=dict)
     used: dict[tuple[str, str, str], _Integral] = field(default_factory=dict)
+    #: The values of the last observation (what the forecast compares with).
+    latest: dict[Key, float] = field(default_factory=dict)
+    _forecast: tuple[tuple[int, float], dict[str, object]] | None = None
 
     @classmethod
     def with_tiers(
@@ -104,6 +108,7 @@ class Tide:
                 if key not in seen and integral.value:
                     integral.update(now, 0.0)
         self.history.record(now, values)
+        self.latest = values
 
     def seconds(self) -> dict[str, dict[tuple[str, str, str], float]]:
         """Lent and used core-/GPU-seconds so far, per (member, cpu|gpu, model)."""
@@ -140,6 +145,25 @@ class Tide:
                 for (m, r, k), points in series.items()
             ],
         }
+
+    def forecast(self, *, hours: float) -> dict[str, object]:
+        """What each member will lend of CPU and of each GPU model over the next `hours`, from
+        its history's coarsest tier (federation.view.forecast), against what our pods hold now.
+        Made once per slot of that tier and horizon: a dashboard asks every 5 s."""
+        now = self.clock()
+        key = (int(now // self.history.tiers[-1].step), hours)
+        if self._forecast is not None and self._forecast[0] == key:
+            return self._forecast[1]
+        step, series = self.history.query(since=now - self.history.tiers[-1].span, now=now)
+        lent = {
+            (member, resource): points
+            for (member, resource, kind), points in series.items()
+            if kind == "lent" and (resource == "cpu" or resource.startswith("gpu/"))
+        }
+        used = {(m, r): self.latest.get((m, r, "used"), 0.0) for m, r in lent}
+        made = forecast.forecasts(lent, used, step=step, now=now, hours=hours)
+        self._forecast = (key, made)
+        return made
 
 
 def thin(points: list[tuple[float, float]], most: int | None) -> list[tuple[float, float]]:

@@ -144,10 +144,17 @@ async def test_the_dashboard_shows_members_jobs_and_charts_and_follows_online_lo
 
             # Any span the history keeps (90 min): the time axis runs from the first point to the
             # last the provider serves (read here with a fetch of our own), labelled in UTC.
+            query = "since=90m&member=member-1&resource=cpu&points=420"
+
+            async def three_slots() -> bool:  # an axis over a few 10 s slots, not one
+                history = await _history(proc, query)
+                return len({p[0] for series in history["series"] for p in series["points"]}) >= 3
+
+            await eventually(three_slots, timeout=60, what="three 10 s slots of member-1's history")
             await browser.eval("(r => { r.value = '90m'; r.onchange({target: r}); })(document.getElementById('range'))")
             await wait_for(browser, "document.getElementById('charts').dataset.since === '90m'")
             ticks = await browser.eval(TICKS)
-            history = await _history(proc, "since=90m&member=member-1&resource=cpu&points=420")
+            history = await _history(proc, query)
             times = sorted({p[0] for series in history["series"] for p in series["points"]})
             assert len(ticks) == 5 and ticks[0][0] == times[0] and times[-2] <= ticks[-1][0] <= times[-1], (
                 ticks,

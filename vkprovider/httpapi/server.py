@@ -43,6 +43,7 @@ from vkprovider.metrics import Metrics
 from vkprovider.objects import Pod, pod_key
 from vkprovider.provider import (
     DashboardSource,
+    ForecastSource,
     HistorySource,
     LogOptions,
     LogProvider,
@@ -396,6 +397,7 @@ def health_app(
     history: HistorySource | None = None,
     dashboard: DashboardSource | None = None,
     reclaims: ReclaimSource | None = None,
+    forecast: ForecastSource | None = None,
 ) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok") if alive() else web.Response(status=500, text="unhealthy\n")
@@ -433,6 +435,17 @@ def health_app(
         body = reclaims.reclaims(since, request.query.get("member") or None)
         return web.Response(text=json.dumps(body), content_type="application/json")
 
+    async def forecast_of(request: web.Request) -> web.Response:
+        if forecast is None:
+            return web.Response(status=404, text="this provider makes no forecast\n")
+        try:
+            hours = parse_duration(request.query.get("for", "6h")) / 3600.0
+        except ValueError as exc:
+            return web.Response(status=400, text=f"{exc}\n")
+        if hours > 48:
+            return web.Response(status=400, text="a forecast reaches at most 48h ahead\n")
+        return web.Response(text=json.dumps(forecast.forecast(hours)), content_type="application/json")
+
     async def page(request: web.Request) -> web.Response:
         if dashboard is None:
             return web.Response(status=404, text="this provider has no dashboard\n")
@@ -443,6 +456,7 @@ def health_app(
     app.router.add_get("/capacity", capacity)
     app.router.add_get("/history", history_of)
     app.router.add_get("/reclaims", reclaims_of)
+    app.router.add_get("/forecast", forecast_of)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", prometheus)
