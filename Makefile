@@ -9,7 +9,7 @@ LAB ?= .lab
 # Offline stacks the demo's front end runs, e.g. `make demo WITH=jobset,kueue,volcano` (e2e.stacks).
 WITH ?=
 
-.PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto image
+.PHONY: all venv binaries browser lint test test-unit test-e2e demo down bench clean proto image docs
 
 all: venv
 
@@ -55,6 +55,13 @@ test: $(STAMP) binaries browser
 	tested=$$?; wait $$linting; linted=$$?; cat $$log; rm -f $$log; \
 	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi; exit $$tested
 
+# The documentation site (mkdocs.yml, docs/): the reference pages regenerated from the code, then
+# built strictly (a broken link or a page left out of the navigation fails) into .site/.
+# tests/unit/test_docs.py builds it too, so `make test` (and CI) fails on either.
+docs: $(STAMP)
+	$(BIN)/python docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
@@ -79,7 +86,7 @@ bench: $(STAMP) binaries
 	$(BIN)/python -m bench.dashboard_scale
 
 clean: down
-	rm -rf $(VENV) $(LAB) *.egg-info
+	rm -rf $(VENV) $(LAB) *.egg-info .site
 
 # Regenerates the capacity agent's gRPC code from federation/agent/capacity.proto (committed).
 proto: $(STAMP)

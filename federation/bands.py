@@ -35,6 +35,7 @@ WORKER_MIN = "worker-min"
 WORKER_MAX = "worker-max"
 BANDS = (PS, WORKER_MIN, WORKER_MAX)
 DEFAULT = WORKER_MIN
+#: Label on a front-end pod naming its band (`ps`, `worker-min`, `worker-max`); without it, its priority decides.
 ROLE_LABEL = "vkprovider.io/role"
 
 #: Front-end priority ranges (inclusive) of each band.

@@ -37,10 +37,13 @@ KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
-#: Our annotations (on the group object or the pods) asking for "Same" placement.
+#: Our annotations (on the group object or the pods) asking for "Same" placement: `"true"` keeps the
+#: job in one network pod, or on one GPU model.
 SAME_NETWORK = "vkprovider.io/same-network-pod"
 SAME_GPU_MODEL = "vkprovider.io/same-gpu-model"
+#: Annotation on the group object or the pods: the GPU model (`nvidia.com/gpu.product`) the job needs.
 GPU_MODEL = "vkprovider.io/gpu-model"
+#: Annotation on the group object or the pods: seconds a member may take to bind the gang (300).
 GANG_TIMEOUT = "vkprovider.io/gang-timeout-seconds"
 ROLE_LABEL = bands.ROLE_LABEL
 

@@ -14,12 +14,14 @@ INSTANCE = "vkprovider.io/instance"
 #: Which front end made an object in a member: the UID of its kube-system namespace. Two offline
 #: clusters may both name their node vk-pool; with this label neither takes the other's pods.
 FRONT_END = "vkprovider.io/front-end"
-#: On member pods (federation.dispatch.forge writes them): the front-end pod each one runs.
+#: On member pods (federation.dispatch.forge writes them): the front-end pod each one runs,
+#: its UID, namespace and name.
 ORIGIN_UID = "vkprovider.io/origin-uid"
 ORIGIN_NAMESPACE = "vkprovider.io/origin-namespace"
 ORIGIN_NAME = "vkprovider.io/origin-name"
-#: On member pods: their job (label: a hash, federation.jobs.job_hash; annotation: the key).
+#: Label on member pods: their job, as a hash (federation.jobs.job_hash).
 JOB_LABEL = "vkprovider.io/job"
+#: Annotation on member pods: their job's key (kind, namespace, name).
 JOB_KEY = "vkprovider.io/job-key"
 #: The member a front-end pod (or its job's group object) is pinned to; on per-member virtual
 #: nodes, the member behind the node.
@@ -28,6 +30,7 @@ MEMBER = "vkprovider.io/member"
 REFLECTED = "vkprovider.io/reflected"
 #: Member node labels the shapes are grouped by (configurable per member; these are the defaults).
 GPU_PRODUCT = "nvidia.com/gpu.product"
+#: Member node label (the default key): the network pod (a high-bandwidth domain) a node is in.
 NETWORK_POD = "vkprovider.io/network-pod"
 ZONE = "topology.kubernetes.io/zone"
 #: Colocation stacks' reclaimable resources, and the canonical resource each stands for.
@@ -39,9 +42,11 @@ COLOCATION_RESOURCES = {
 }
 
 #: Reclaim (federation.reclaim): the RFC 3339 deadline of a checkpoint notice, on the front-end
-#: and member pod (readable through a downward-API volume), and the last reclaim a job saw.
+#: and member pod (readable through a downward-API volume).
 RECLAIM_AT = "vkprovider.io/reclaim-at"
+#: Why the pod was chosen for reclaim, on both pods beside its deadline.
 RECLAIM_REASON = "vkprovider.io/reclaim-reason"
+#: On a job's remaining pods after some were taken away: `{"at": ..., "count": N}` of the last reclaim.
 LAST_RECLAIM = "vkprovider.io/last-reclaim"
 #: When the notice was given (RFC 3339), on both pods: the start its period and any extension
 #: count from, after a restart too.
@@ -51,9 +56,11 @@ RECLAIM_NOTICED_AT = "vkprovider.io/reclaim-noticed-at"
 RECLAIM_NOTICE = "vkprovider.io/reclaim-notice"
 #: Notice period a pod (or its job's PodGroup) asks for, in seconds.
 CHECKPOINT_SECONDS = "vkprovider.io/checkpoint-seconds"
-#: Set by the workload on its front-end pod under notice: its checkpoint is written (release
-#: the pod now), or how many seconds more its checkpoint needs (up to the member's maximum).
+#: Set by the workload on its front-end pod under notice (RFC 3339): its checkpoint is written,
+#: release the pod now.
 CHECKPOINTED_AT = "vkprovider.io/checkpointed-at"
+#: Set by the workload on its front-end pod under notice: seconds more its checkpoint needs
+#: (up to the member's maximum notice).
 CHECKPOINT_EXTEND = "vkprovider.io/checkpoint-extend"
 #: On a gang's front-end pods: the job was told GangIncomplete (once, across restarts).
 GANG_INCOMPLETE_TOLD = "vkprovider.io/gang-incomplete-told"
@@ -62,9 +69,9 @@ JOB_TOLD = "vkprovider.io/job-told"
 #: A hybrid job's policy when its virtual part falls below the gang minimum: "keep" (report
 #: only, the default) or "end" (its native pods are ended too), on the PodGroup or the pods.
 SPLIT_GANG = "vkprovider.io/split-gang"
-#: On member pods: the pod's band and its job's gang minimum, so a restarted provider can plan
-#: without the front end.
+#: On member pods: the pod's band, so a restarted provider can plan without the front end.
 BAND = "vkprovider.io/band"
+#: On member pods: its job's gang minimum, for the same reason.
 GANG_MIN = "vkprovider.io/gang-min"
 #: The ReplicaSet controller's hint; the planner uses it as a tie-breaker.
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

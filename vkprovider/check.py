@@ -30,6 +30,8 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 POLL = 1.0
 LABEL = "app.kubernetes.io/name"
 NAME = "vkprovider-check"
+#: Label on the probe pod `vkprovider check` (helm test) binds to a node: that node's name.
+CHECK_NODE = "vkprovider.io/check-node"
 
 
 def add_arguments(sub: Any) -> None:
@@ -57,7 +59,7 @@ def probe_pod(node: dict[str, Any], *, image: str, suffix: str) -> dict[str, Any
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"{NAME}-{suffix}", "labels": {LABEL: NAME, "vkprovider.io/check-node": name}},
+        "metadata": {"name": f"{NAME}-{suffix}", "labels": {LABEL: NAME, CHECK_NODE: name}},
         "spec": {
             "nodeName": name,
             "tolerations": tolerations,

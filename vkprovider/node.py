@@ -17,7 +17,7 @@ from vkprovider import logs
 from vkprovider.kube import ApiError, KubeClient, NotFound
 from vkprovider.metrics import Metrics
 from vkprovider.podstatus import now_rfc3339
-from vkprovider.provider import NodeProvider, NodeStatus
+from vkprovider.provider import NODE_LABEL, PROVIDER_LABEL, NodeProvider, NodeStatus
 from vkprovider.settings import NodeSettings
 
 VERSION = "v1.37.2-vkprovider"
@@ -39,8 +39,8 @@ def node_labels(settings: NodeSettings, name: str, extra: dict[str, str]) -> dic
         "kubernetes.io/arch": "amd64",
         "kubernetes.io/hostname": name,
         "node.kubernetes.io/exclude-from-external-load-balancers": "true",
-        "vkprovider.io/node": "true",
-        "vkprovider.io/provider": settings.provider_id,
+        NODE_LABEL: "true",
+        PROVIDER_LABEL: settings.provider_id,
     }
     labels.update(extra)
     labels.update(settings.labels)

@@ -19,6 +19,11 @@ from typing import Any, Protocol, runtime_checkable
 from vkprovider.objects import Pod, PodStatus
 from vkprovider.podstore import PodStore
 
+#: Label on every virtual node: `"true"`, so selectors can find all of them.
+NODE_LABEL = "vkprovider.io/node"
+#: Label on a virtual node: which provider serves it (`memory`, `federation`, the `node.provider_id` setting).
+PROVIDER_LABEL = "vkprovider.io/provider"
+
 
 class ProviderError(Exception):
     """A provider failure the runtime should retry."""

@@ -26,7 +26,12 @@ from federation.capacity import quantities
 from federation.capacity.summary import TRACKED, MemberCapacity
 from vkprovider.provider import NodeStatus
 
+#: Labels of a virtual node, one per GPU model its members lend (`gpu.vkprovider.io/<model>: "true"`),
+#: for node selectors and affinity on the model.
 GPU_LABEL_PREFIX = "gpu.vkprovider.io/"
+#: Annotation of a virtual node: its capacity shapes as JSON (largest pod per member node, GPUs per
+#: model, free capacity per network pod and NUMA zone).
+CAPACITY_SHAPES = "vkprovider.io/capacity-shapes"
 
 
 @dataclass
@@ -186,7 +191,7 @@ def node_status(members: list[Lender], instance: str, per_member: bool) -> NodeS
     return NodeStatus(
         capacity={k: quantities.format_quantity(k, max(0, v)) for k, v in sorted(total.items())},
         labels=node_labels,
-        annotations={"vkprovider.io/capacity-shapes": json.dumps(shapes, sort_keys=True, separators=(",", ":"))},
+        annotations={CAPACITY_SHAPES: json.dumps(shapes, sort_keys=True, separators=(",", ":"))},
         conditions=[
             {
                 "type": "MembersReachable",

@@ -160,7 +160,7 @@ class MemberCapacity:
         return {
             "name": self.name,
             "reachable": self.reachable,
-            # The README's figures ("What the figures mean"): lent = used + free.
+            # The figures of docs/concepts/pooling.md: lent = used + free.
             "lent": fmt(self.capacity),
             "used": fmt(self.ours_used),
             "free": fmt(self.lendable),

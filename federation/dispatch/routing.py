@@ -28,7 +28,9 @@ from typing import Any
 
 from federation import bands, labels
 
+#: Label on a namespace or a job's pods: the routing policy, `hybrid`, `elastic` or `off` (on a job).
 POLICY_LABEL = "vkprovider.io/routing"
+#: Annotation the routing webhook writes on a pod it routed: the policy and the pod's band.
 ROUTED = "vkprovider.io/routed"
 HYBRID = "hybrid"
 ELASTIC = "elastic"

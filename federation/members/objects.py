@@ -53,7 +53,7 @@ Change = Literal["ignore", "unchanged", "drain", "in_place", "add"]
 #: (the chart's pre-delete hook) for the objects it deletes. A provider uninstalled without that
 #: hook leaves it behind, and deleting the object then waits forever; take it off by hand:
 #: `kubectl patch membercluster NAME --type=json -p '[{"op":"remove","path":"/metadata/finalizers"}]'`.
-#: One name for every instance: a MemberCluster is one instance's (README, "several instances").
+#: One name for every instance: a MemberCluster is one instance's (docs/benchmarks.md, "several instances").
 FINALIZER = "vkprovider.io/drain"
 
 #: How long a finalizer that could not be taken off waits before the next try.

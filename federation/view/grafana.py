@@ -4,7 +4,7 @@ GPU model, for platform teams who live in Grafana rather than on the provider's 
 Generated, not hand-edited: `python -m federation.view.grafana` writes
 charts/vkprovider/dashboards/vkprovider.json, and a test fails when that file differs from what
 this module makes, when a query names a metric the provider does not export, or when Grafana's
-own dashboard schema refuses it (e2e/tools/grafana). The figures are the README's: lent = used +
+own dashboard schema refuses it (e2e/tools/grafana). The figures are docs/concepts/pooling.md's: lent = used +
 free, and online load, as the gauges export them.
 """
 

@@ -10,7 +10,7 @@ the member summaries each time the provider recomputes them (at least once a sec
 "Lent" is what the member made available to us: what we could still place ("free") plus what
 our pods hold (the virtual node's capacity for that member); "used" is what our pods hold;
 "online" what the member's own pods request. The same words mean the same figures in /capacity,
-the dashboard, the gauges below and `vkprovider status` (the README's "What the figures mean").
+the dashboard, the gauges below and `vkprovider status` (docs/concepts/pooling.md, "What the figures mean").
 """
 
 from __future__ import annotations

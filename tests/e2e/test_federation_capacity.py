@@ -38,7 +38,7 @@ HEALTH_INTERVAL = 2.0  # federation.members.watch: the member's /readyz probe
 SLACK = 10.0
 CRD = Path(__file__).parents[2] / "federation" / "crds" / "memberclusters.yaml"
 #: On a reclaim scene's MemberCluster (tests.e2e.reclaim_scene): that object is its own
-#: provider's alone, as the README's "several instances" wants of every MemberCluster.
+#: provider's alone, as docs/benchmarks.md's "several instances" wants of every MemberCluster.
 SCENE_LABEL = "vkprovider.io/test-scene"
 
 

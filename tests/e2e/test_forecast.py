@@ -1,7 +1,7 @@
 """The tide ahead on the lab (issue 41, item 5): a week of recorded tide, written into the history
 file the way the provider writes it (federation.view.store, the provider's own tiers), is read by
 a federation provider over members 2 and 3 at start; GET /forecast covers every member, with the
-method and its next-hour error on that week, below the README's bound, and the history it serves
+method and its next-hour error on that week, below the bound in docs/operate/dashboard.md, and the history it serves
 goes back the week.
 
 The tide is synthetic (a week of a real member's lending cannot be waited for): each member's
@@ -38,8 +38,8 @@ FORECAST_ROWS = (
     ".map(r => [...r.cells].map(c => c.textContent)).filter(c => c[1] === 'cpu'))"
 )
 DAY, WEEK, STEP = 86400.0, 7 * 86400.0, 300.0
-#: The README's bound on the next hour's mean absolute error, relative to the mean level, for a
-#: tide as regular as this one (and under persistence's at the same hours).
+#: The documented bound (docs/operate/dashboard.md) on the next hour's mean absolute error,
+#: relative to the mean level, for a tide as regular as this one (and under persistence's at the same hours).
 BOUND = 0.10
 
 

@@ -23,6 +23,7 @@ from federation.jobs import JobRef
 from tests.e2e.helpers import eventually, make_namespace, pods
 from tests.e2e.memberwatch import MemberWatch
 from tests.e2e.test_dispatch import cleanup, cleanup_and_stop, pod_group
+from tests.e2e.test_examples import example, kubectl_apply
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess, free_port
 from vkprovider.kube import ApiError, KubeClient, NotFound
@@ -97,6 +98,7 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
     await start(proc, offline)
     ns = await make_namespace(offline, f"hybrid-{uuid.uuid4().hex[:6]}")
     plain = await make_namespace(offline, f"plain-{uuid.uuid4().hex[:6]}")
+    example_ns = f"hybrid-example-{uuid.uuid4().hex[:6]}"
     try:
         await offline.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {routing.POLICY_LABEL: "hybrid"}}})
         group = pod_group("ring", 3, {"vkprovider.io/checkpoint-seconds": "2"})
@@ -206,6 +208,23 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         finally:
             await online.set_load(lab.kubeconfig(member), cpu_share=0, pod_cpu=90, name="hybrid")
 
+        # The docs' example (docs/examples/hybrid.yaml), applied with kubectl into a namespace of
+        # its own: the floor (launcher, 2 workers) on native nodes, the 3 elastic workers lent,
+        # in one member.
+        kubectl_apply(lab, example("hybrid.yaml", node=proc.node, namespace=example_ns))
+
+        async def example_running() -> dict[str, dict[str, Any]] | None:
+            items = await by_name(offline, example_ns)
+            ok = len(items) == 6 and all(p["status"].get("phase") == "Running" for p in items.values())
+            return items if ok else None
+
+        shown = await eventually(example_running, timeout=90, what="the hybrid example's 6 pods running")
+        for name in ("launcher", "worker-0", "worker-1"):
+            assert shown[name]["spec"]["nodeName"].startswith(NATIVE_PREFIX), (name, shown[name]["spec"]["nodeName"])
+        lent = [shown[f"elastic-{i}"] for i in range(3)]
+        assert {p["spec"]["nodeName"] for p in lent} == {proc.node}
+        assert len({p["metadata"]["annotations"].get(labels.MEMBER) for p in lent}) == 1
+
         # vkprovider down: pods are still created (the webhook fails open), only not routed.
         proc.ensure_stopped()
         late = await offline.create(f"/api/v1/namespaces/{ns}/pods", job_pod("late", "late", "ps"))
@@ -219,6 +238,7 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
             await proc.wait_ready()
             await cleanup(lab, offline, plain)
             await cleanup(lab, offline, ns)
+            await cleanup(lab, offline, example_ns)
         finally:
             proc.ensure_stopped()
 

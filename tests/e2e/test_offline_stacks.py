@@ -302,7 +302,7 @@ async def test_kueues_quota_follows_what_the_members_lend_and_a_job_beyond_it_wa
             await eventually(
                 lambda: quota_is("6"), timeout=30, interval=0.05, what="the quota lowered with the member's cap to 6"
             )
-            # A figure for the README, not a bound (benchmarks bound times): the cap's change seen
+            # A figure for the docs, not a bound (benchmarks bound times): the cap's change seen
             # by the provider, its capacity published, the queue written, and read back here.
             print(f"the quota followed the lowered cap in {time.monotonic() - lowered:.2f}s")
 

@@ -56,6 +56,28 @@ async def cli(*args: str) -> tuple[int, str]:
     return int(proc.returncode or 0), out.decode()
 
 
+#: The docs' onboarding example, which onboards and offboards tenant A here.
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "tenant-onboarding.sh"
+
+
+async def example(action: str, lab: Lab, tenant: str, member: str, agent: str) -> tuple[int, str]:
+    """docs/examples/tenant-onboarding.sh ACTION, with what a reader sets for this lab."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "TENANT": tenant,
+        "FRONT_END": str(lab.kubeconfig("offline")),
+        "MEMBER": str(lab.kubeconfig(member)),
+        "MEMBER_NAME": f"{tenant}-{member}",
+        "AGENT": agent,
+        "NAMESPACE": FRONT_NS,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "sh", str(EXAMPLE), action, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
+    return int(proc.returncode or 0), out.decode()
+
+
 #: A refusal in a provider's log; the word boundaries keep "403" in a timestamp or port out.
 DENIED = re.compile(r"\b403\b|Forbidden")
 
@@ -158,7 +180,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
         assert await labelled(lab, a) == {}
 
         results = await asyncio.gather(
-            *[cli("onboard", *onboarding(a, m)) for m in MEMBERS],
+            *[example("onboard", lab, a, m, agents[m]) for m in MEMBERS],
             *[cli("onboard", *onboarding(b, m), "--quota", f"cpu={QUOTA_CPU}") for m in MEMBERS],
         )
         for rc, out in results:
@@ -268,7 +290,7 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
 
         # Offboard A: its pods leave through the reclaim path, nothing labelled A is left, B runs on.
         for member in MEMBERS:
-            rc, out = await cli("offboard", *clusters(lab, a, member))
+            rc, out = await example("offboard", lab, a, member, agents[member])
             assert rc == 0, out
         assert await labelled(lab, a) == {}
         ended = await pods(offline, ns_a)

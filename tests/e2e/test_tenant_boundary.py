@@ -1,6 +1,6 @@
 """The tenant boundary end to end (issue 33): what a tenant's member credential may do is what the
 member's own apiserver allows, checked here as 403 answers and as `kubectl auth can-i --list`
-against the README's table; the tenant's provider runs on the capacity the member's agent
+against the table in docs/concepts/tenants.md; the tenant's provider runs on the capacity the member's agent
 reports, follows its pods namespace by namespace, keeps its short-lived token renewed, and two
 providers of two front ends whose nodes share a name keep to their own pods."""
 
@@ -40,12 +40,12 @@ from vkprovider.kube import KubeClient, load_kubeconfig
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 MEMBER = "member-1"
-README = Path(__file__).resolve().parents[2] / "README.md"
+TENANTS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "tenants.md"
 
 
 def documented_rights(*, direct_reads: bool = False) -> dict[str, dict[str, set[str]]]:
-    """The README's table of a tenant credential's rights: where -> resource -> verbs."""
-    text = README.read_text()
+    """The docs' table of a tenant credential's rights (concepts/tenants.md): where -> resource -> verbs."""
+    text = TENANTS_PAGE.read_text()
     table = text[text.index("**Every right a tenant's credential has on a member**") :]
     out: dict[str, dict[str, set[str]]] = {}
     for line in table.splitlines()[1:]:
@@ -230,7 +230,7 @@ async def test_a_tenant_credential_stays_in_its_fence_and_its_provider_runs_on_t
                 admitted = await cred.create(path, base)
                 await cred.delete(f"{path}/{admitted['metadata']['name']}", body={"gracePeriodSeconds": 0})
 
-                # Every right the credential has is in the README's table, and nothing more.
+                # Every right the credential has is in the docs' table, and nothing more.
                 documented = documented_rights()
                 nobody = await _rights_of_nobody(lab, serving, tmp_path)
                 checks = {

@@ -31,7 +31,8 @@ def test_a_regular_tide_is_forecast_within_the_documented_bound() -> None:
     series = Series(fortnight(), STEP)
     error = backtest(series)
     assert error is not None and error.forecasts > 250
-    # The README's bound: under 10 % of the mean level for the next hour on a tide like this,
+    # The documented bound (docs/operate/dashboard.md): under 10 % of the mean level for the next
+    # hour on a tide like this,
     # and at most three quarters of persistence's error at the same hours.
     assert error.relative < 0.10 and error.relative <= 0.75 * error.baseline_relative, error
     # Known answer: the next hour after the data, noise-free tide at that time.

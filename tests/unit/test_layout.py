@@ -1,5 +1,5 @@
-"""The layout stays what the README says it is: federation/ as packages by concern, each with a
-docstring, every module named in the README's map, few modules left at the top, no hub class.
+"""The layout stays what the docs say it is (docs/develop/packages.md): federation/ as packages by
+concern, each with a docstring, every module named in the package map, few modules left at the top, no hub class.
 
 The import rules between the packages are import-linter's (pyproject.toml); this test checks
 what a linter of imports cannot: that the map people read matches the tree.
@@ -18,16 +18,16 @@ MOST_CLASS_LINES = 350
 
 
 def _map_rows() -> dict[str, str]:
-    """The README's package map: package folder (or "" for the top-level modules) -> its row."""
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("### The packages of federation/") :]
+    """The package map: package folder (or "" for the top-level modules) -> its row."""
+    page = (ROOT / "docs" / "develop" / "packages.md").read_text()
+    table = page[page.index("## The packages of federation/") :]
     rows = {}
     for line in table.splitlines()[4:]:
         if not line.startswith("|"):
             break
         first = line.split("|")[1].strip()
         match = re.fullmatch(r"`(?:federation/)?(\w*)/?`(?: \(modules\))?", first)
-        assert match, f"README map row not understood: {line}"
+        assert match, f"package map row not understood: {line}"
         rows[match.group(1)] = line
     return rows
 
@@ -36,14 +36,14 @@ def _modules(folder: Path) -> set[str]:
     return {p.stem for p in folder.glob("*.py") if p.stem != "__init__" and not p.stem.endswith(("_pb2", "_pb2_grpc"))}
 
 
-def test_every_package_and_module_of_federation_is_on_the_readme_map() -> None:
+def test_every_package_and_module_of_federation_is_on_the_package_map() -> None:
     rows = _map_rows()
     packages = {p.name for p in FEDERATION.iterdir() if (p / "__init__.py").exists()}
     assert set(rows) - {""} == packages
     for folder, row in rows.items():
         named = set(re.findall(r"`(\w+)`", row.split("|")[2]))
         modules = _modules(FEDERATION / folder)
-        assert modules <= named, f"federation/{folder}: {sorted(modules - named)} missing from the README map"
+        assert modules <= named, f"federation/{folder}: {sorted(modules - named)} missing from the package map"
 
 
 def test_each_package_says_what_it_owns_and_what_it_may_import() -> None:

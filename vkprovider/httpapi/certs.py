@@ -26,6 +26,8 @@ from vkprovider.kube import ApiError, Forbidden, KubeClient
 from vkprovider.settings import HttpSettings
 
 SIGNER = "kubernetes.io/kubelet-serving"
+#: Label on the kubelet-serving CSRs the provider submits, so it approves only its own.
+SERVING_CERTIFICATE = "vkprovider.io/serving-certificate"
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
 
@@ -94,7 +96,7 @@ def csr_object(name: str, request: bytes) -> dict[str, Any]:
     return {
         "apiVersion": "certificates.k8s.io/v1",
         "kind": "CertificateSigningRequest",
-        "metadata": {"name": name, "labels": {"vkprovider.io/serving-certificate": "true"}},
+        "metadata": {"name": name, "labels": {SERVING_CERTIFICATE: "true"}},
         "spec": {
             "request": base64.b64encode(request).decode(),
             "signerName": SIGNER,

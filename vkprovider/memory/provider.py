@@ -24,7 +24,15 @@ from vkprovider.memory.containers import MemoryContainers
 from vkprovider.memory.statefile import StateFile
 from vkprovider.memory.timeline import ANNOTATION_PREFIX, MemorySettings, Record, Timeline
 from vkprovider.objects import Pod, PodStatus
-from vkprovider.provider import ExecStreams, LogOptions, NodeStatus, PodChanged, ProviderError, ProviderNotFound
+from vkprovider.provider import (
+    PROVIDER_LABEL,
+    ExecStreams,
+    LogOptions,
+    NodeStatus,
+    PodChanged,
+    ProviderError,
+    ProviderNotFound,
+)
 
 
 class MemoryProvider:
@@ -231,7 +239,7 @@ class MemoryProvider:
     # -- NodeProvider ------------------------------------------------------------------------------
 
     async def node_status(self, node_name: str) -> NodeStatus:
-        return NodeStatus(capacity=dict(self.settings.capacity), labels={"vkprovider.io/provider": "memory"})
+        return NodeStatus(capacity=dict(self.settings.capacity), labels={PROVIDER_LABEL: "memory"})
 
     def notify_node_status(self, callback: Callable[[str], None]) -> None:
         self._node_callbacks.append(callback)

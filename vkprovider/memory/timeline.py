@@ -12,6 +12,8 @@ from typing import Any
 
 from vkprovider.objects import ContainerStatus, Pod, PodCondition, PodStatus
 
+#: Annotations that script a pod of the in-memory provider (`memory-fail-create`, `memory-exit-after`,
+#: ...): how it starts, runs and ends, for tests and the demo.
 ANNOTATION_PREFIX = "vkprovider.io/memory-"
 
 
