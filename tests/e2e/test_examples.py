@@ -4,7 +4,9 @@ test_hybrid's routed test (it needs the routing webhook, which that test registe
 tenant onboarding script by test_onboard; the gang and the elastic job here.
 
 Only what a reader would change is changed: the virtual node's name (`vk-pool` in the files)
-becomes this test's provider's node, and the objects go into this test's namespace."""
+becomes this test's provider's node, and the objects go into this test's namespace. One thing
+stands in for the lab's lack of containers: the elastic Job's pods carry the lab's
+`vkprovider.io/sim-complete-after`, so that their member pods (not owned by a Job there) finish."""
 
 from __future__ import annotations
 
@@ -79,7 +81,10 @@ async def test_the_gang_and_elastic_examples_run_whole_in_one_member_each(
         await proc.wait_ready()
         out = kubectl_apply(lab, example("gang.yaml", node=proc.node, namespace=ns))
         assert "podgroup.scheduling.k8s.io/trainer created" in out, out
-        out = kubectl_apply(lab, example("elastic.yaml", node=proc.node, namespace=ns))
+        elastic = example("elastic.yaml", node=proc.node, namespace=ns)
+        (job_body,) = [o for o in elastic if o["kind"] == "Job"]
+        job_body["spec"]["template"]["metadata"]["annotations"]["vkprovider.io/sim-complete-after"] = "5s"
+        out = kubectl_apply(lab, elastic)
         assert "job.batch/ring created" in out, out
 
         # gang.yaml: all 4 Running, in one member, where one gang object holds them.

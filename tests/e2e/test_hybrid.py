@@ -63,7 +63,11 @@ def routed_provider(lab: Lab, workdir: Path) -> VkProcess:
     return proc
 
 
-async def start(proc: VkProcess, offline: KubeClient) -> None:
+async def start(proc: VkProcess, offline: KubeClient, ns: str | None = None) -> None:
+    """Start the provider and wait until it routes: capacity from every member, and (with `ns`, a
+    namespace labelled for routing) a server-side dry-run pod there comes back routed. The
+    configuration's existence is not enough after a kill -9: the dead process left it behind with
+    its own CA, and until the new process has registered its CA the apiserver fails open."""
     proc.start()
     await proc.wait_ready()
 
@@ -74,10 +78,14 @@ async def start(proc: VkProcess, offline: KubeClient) -> None:
             return False
         with contextlib.suppress(NotFound):
             await offline.get(f"{WEBHOOKS}/vkprovider-routing-{proc.node}")
-            return True
+            if ns is None:
+                return True
+            probe = job_pod(f"probe-{uuid.uuid4().hex[:6]}", "probe", "worker-max")
+            admitted = await offline.create(f"/api/v1/namespaces/{ns}/pods", probe, params={"dryRun": "All"})
+            return routing.ROUTED in (admitted["metadata"].get("annotations") or {})
         return False
 
-    await eventually(ready, timeout=30, what="member capacity and the routing webhook registered")
+    await eventually(ready, timeout=30, what="member capacity and the routing webhook routing")
 
 
 async def by_name(offline: KubeClient, ns: str) -> dict[str, dict[str, Any]]:
@@ -113,15 +121,19 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
             ok = len(items) == count and all(p["status"].get("phase") == "Running" for p in items.values())
             return items if ok else None
 
+        async def running(count: int, timeout: float, what: str) -> dict[str, dict[str, Any]]:
+            """All `count` pods Running, or a failure that says where each pod stands."""
+            try:
+                return await eventually(lambda: all_running(count), timeout=timeout, what=what)
+            except AssertionError as exc:
+                states = {
+                    n: (p["status"].get("phase"), p["spec"].get("nodeName"), p["status"].get("message"))
+                    for n, p in (await by_name(offline, ns)).items()
+                }
+                raise AssertionError(f"{exc}; pods: {states}; provider: {proc.tail(12)}") from None
+
         # Well inside the gang timeout (300 s): nothing waits for it.
-        try:
-            items = await eventually(all_running, timeout=90, what="the floor and the 6 elastic workers running")
-        except AssertionError as exc:
-            states = {
-                n: (p["status"].get("phase"), p["spec"].get("nodeName"), p["status"].get("message"))
-                for n, p in (await by_name(offline, ns)).items()
-            }
-            raise AssertionError(f"{exc}; pods: {states}; provider: {proc.tail(8)}") from None
+        items = await running(9, 90, "the floor and the 6 elastic workers running")
         for name in floor:
             assert items[name]["spec"]["nodeName"].startswith(NATIVE_PREFIX), items[name]["spec"]["nodeName"]
             assert items[name]["metadata"]["annotations"][routing.ROUTED].startswith("hybrid/")
@@ -141,14 +153,12 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         # Across a restart (kill -9): the job stays pinned; new elastic workers follow it alone.
         uids = {p["metadata"]["uid"] for p in there}
         proc.kill()
-        await start(proc, offline)
+        await start(proc, offline, ns)
         more = ["e6", "e7"]
         for name in more:
             await offline.create(f"/api/v1/namespaces/{ns}/pods", job_pod(name, "ring", "worker-max"))
         elastic += more
-        items = await eventually(
-            lambda: all_running(11), timeout=60, what="2 more elastic workers running after a restart"
-        )
+        items = await running(11, 60, "2 more elastic workers running after a restart")
         assert {items[e]["metadata"]["annotations"].get(labels.MEMBER) for e in elastic} == {member}
         async with lab.client(member) as client:
             there = await pods(client, ns)
