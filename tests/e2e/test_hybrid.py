@@ -116,7 +116,7 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         for name, role in [*floor.items(), *((e, "worker-max") for e in elastic)]:
             await offline.create(f"/api/v1/namespaces/{ns}/pods", job_pod(name, "ring", role))
 
-        async def all_running(count: int = 9) -> dict[str, dict[str, Any]] | None:
+        async def all_running(count: int) -> dict[str, dict[str, Any]] | None:
             items = await by_name(offline, ns)
             ok = len(items) == count and all(p["status"].get("phase") == "Running" for p in items.values())
             return items if ok else None
