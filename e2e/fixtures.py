@@ -148,11 +148,12 @@ def turn_of(item: pytest.Item) -> tuple[frozenset[str], frozenset[str]]:
 @pytest.fixture(autouse=True)
 def _lab_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A lab test's turn at the shared lab (e2e.turns), held from before its first fixture to
-    after its last; only where several processes share the lab."""
-    if not WORKER:
+    after its last; only where several processes may share the lab: the workers of one run, or
+    any pytest against a lab named by VKPROVIDER_LAB_STATE (another may run beside it)."""
+    reuse = os.environ.get("VKPROVIDER_LAB_STATE")
+    if not WORKER and not reuse:
         yield
         return
-    reuse = os.environ.get("VKPROVIDER_LAB_STATE")
     where = Path(reuse) if reuse else _run_root(tmp_path_factory)
     asked = got = time.time()
     if not _uses_lab(request.node):

@@ -273,7 +273,8 @@ class FederationConfig(_Model):
     usage_interval: float = Field(
         10.0,
         gt=0,
-        description="Seconds between two reads of a member's Metrics API at most: however often the "
-        "provider's /stats/summary and /metrics/resource are scraped, each member is asked once per "
-        "interval (metrics-server's default resolution is 60 s; 10 s is its least).",
+        description="Seconds between two reads of a member's Metrics API: however often the "
+        "provider's /stats/summary and /metrics/resource are scraped, each member is asked about once "
+        "per interval (a read is reused for 0.9 of it from when it began, so a scraper on the same "
+        "period gets a fresh one each time; metrics-server's default resolution is 60 s, 10 s is its least).",
     )

@@ -269,11 +269,14 @@ class Runtime:
     async def _serve_kubelet_api(self, client: KubeClient, authn: Authenticator, authz: Authorizer) -> web.AppRunner:
         settings = self.settings
         node_name = settings.node.name
-        cert_dir = Path(tempfile.mkdtemp(prefix=f"vkprovider-{node_name}-"))
-        cert = await serving_certificate(
-            client, settings.http, node=node_name, address=settings.node.internal_ip(), directory=cert_dir
-        )
         client_ca = await _client_ca(client, settings)
+        # The issued or self-signed pair is on disk only until the context has loaded it: neither
+        # a stop nor a kill -9 leaves a key behind (given files stay where they were given).
+        with tempfile.TemporaryDirectory(prefix=f"vkprovider-{node_name}-") as cert_dir:
+            cert = await serving_certificate(
+                client, settings.http, node=node_name, address=settings.node.internal_ip(), directory=Path(cert_dir)
+            )
+            ssl_context = tls_context(cert_file=str(cert.cert_file), key_file=str(cert.key_file), client_ca=client_ca)
         if client_ca is None:
             self._log.warning("no client CA: only bearer tokens can authenticate to the kubelet API")
         http = settings.http
@@ -318,7 +321,6 @@ class Runtime:
         )
         runner = web.AppRunner(api.app(), access_log=None, keepalive_timeout=http.keepalive_idle)
         await runner.setup()
-        ssl_context = tls_context(cert_file=str(cert.cert_file), key_file=str(cert.key_file), client_ca=client_ca)
         await GuardedSite(runner, http.bind, http.port, guard=guard, ssl_context=ssl_context).start()
         self._log.info("kubelet API serving", port=settings.http.port, certificate=cert.source)
         return runner

@@ -16,8 +16,6 @@ import datetime
 import ipaddress
 import json
 import ssl
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +28,7 @@ from federation.config import RoutingConfig
 from federation.dispatch import routing
 from vkprovider import logs
 from vkprovider.kube import ApiError, KubeClient, create_or_replace
+from vkprovider.kube.credentials import load_cert_chain
 
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
@@ -122,12 +121,8 @@ class RoutingWebhook:
     async def run(self, client: KubeClient) -> None:
         """Serve and register until cancelled."""
         ca_pem, cert_pem, key_pem = certificates(list(self.config.hosts))
-        directory = Path(tempfile.mkdtemp(prefix="vkprovider-routing-"))
-        (directory / "tls.crt").write_bytes(cert_pem)
-        (directory / "tls.key").write_bytes(key_pem)
-        (directory / "tls.key").chmod(0o600)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(directory / "tls.crt"), str(directory / "tls.key"))
+        load_cert_chain(context, cert_pem, key_pem)  # on disk only while it loads
         app = web.Application()
         app.router.add_post("/route/{policy}", self._route)
         runner = web.AppRunner(app, access_log=None)

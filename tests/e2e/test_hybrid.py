@@ -153,6 +153,8 @@ async def test_a_routed_hybrid_job_keeps_its_floor_native_and_grows_on_lent_capa
         # Across a restart (kill -9): the job stays pinned; new elastic workers follow it alone.
         uids = {p["metadata"]["uid"] for p in there}
         proc.kill()
+        # The routing webhook's and the kubelet API's keys were on disk only while they loaded.
+        assert not list(proc.tmp.iterdir()), f"left in the killed provider's TMPDIR: {list(proc.tmp.iterdir())}"
         await start(proc, offline, ns)
         more = ["e6", "e7"]
         for name in more:

@@ -1,7 +1,7 @@
 """`kubectl top` on the front end shows a virtual-node pod's usage in its member (issue 37,
 item 1), through real parts only: KWOK simulates the member pod's usage (e2e/kwok/metrics.yaml)
 and serves the kubelet's /metrics/resource; the member's own metrics-server scrapes it and
-serves the member's Metrics API; the provider reads our pods' PodMetrics there, at most once per
+serves the member's Metrics API; the provider reads our pods' PodMetrics there, about once per
 `usage_interval`, and serves them as a kubelet's /metrics/resource; the front end's
 metrics-server scrapes that, and `kubectl top pod` / `kubectl top node` read the front end's
 Metrics API. The expected figures are the pod's own annotations (independent of every part)
@@ -9,21 +9,25 @@ and the member's own `kubectl top pod`."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from e2e import audit, binaries
 from e2e.components import SCRAPED_LABEL
 from e2e.fixtures import Lab
+from federation.usage.reader import FRESH
 from tests.e2e.helpers import eventually, make_namespace
+from tests.e2e.kubeletport import client_cert, with_cert
 from tests.e2e.test_dispatch import cleanup_and_stop
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.test_outages import member_pods, plain_pod, running, start_provider
-from vkprovider.kube import KubeClient
+from vkprovider.kube import AlreadyExists, KubeClient
 
 pytestmark = [
     pytest.mark.e2e,
@@ -32,6 +36,8 @@ pytestmark = [
 ]
 
 MEMBER = "member-2"
+RBAC = "rbac.authorization.k8s.io"
+SCRAPER = "top-scraper"  # a second scraper of the provider's kubelet port, beside metrics-server
 USAGE_INTERVAL = 10.0
 
 
@@ -72,6 +78,17 @@ async def test_kubectl_top_shows_the_member_pods_usage(lab: Lab, offline: KubeCl
     ns = await make_namespace(offline, f"top-{uuid.uuid4().hex[:6]}")
     usage = {"kwok.x-k8s.io/usage-cpu": "350m", "kwok.x-k8s.io/usage-memory": "96Mi"}
     try:
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"test-{SCRAPER}-kubelet-api"},
+            # The apiserver's own role for kubelet clients (nodes/metrics among its rights).
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
+            "subjects": [{"kind": "User", "name": SCRAPER, "apiGroup": RBAC}],
+        }
+        # Early: RBAC reaches the apiserver's authorizer a moment after the binding is made.
+        with contextlib.suppress(AlreadyExists):  # made by an earlier run against this lab
+            await offline.create(f"/apis/{RBAC}/v1/clusterrolebindings", binding)
         await offline.create(f"/api/v1/namespaces/{ns}/pods", plain_pod("busy", proc.node, usage))
         await eventually(lambda: running(offline, ns, 1), timeout=60, what="the pod running in the member")
         member = (await member_pods(lab, MEMBER, ns))["busy"]["metadata"]
@@ -108,11 +125,23 @@ async def test_kubectl_top_shows_the_member_pods_usage(lab: Lab, offline: KubeCl
         )
         assert abs(millicores(node) - 350) <= 350 * 0.02 and node.split()[2] == "96Mi", node
 
-        # However often it was scraped, the provider asked the member's Metrics API once per
-        # interval at most.
-        reads = [r for r in audit.records(lab.state, MEMBER, users={user}) if "/apis/metrics.k8s.io/" in r.uri]
-        assert reads and all(r.succeeded for r in reads), reads
-        assert len(reads) <= (time.time() - started) / USAGE_INTERVAL + 1, [r.received for r in reads]
+        # However often it was scraped, the provider asked the member's Metrics API about once per
+        # interval (a read is fresh for FRESH of it): five scrapes back to back take one read at most.
+        def reads() -> list[audit.AuditRecord]:
+            return [r for r in audit.records(lab.state, MEMBER, users={user}) if "/apis/metrics.k8s.io/" in r.uri]
+
+        scraper = with_cert(client_cert(lab, SCRAPER, tmp_path))
+        before = len(reads())
+        async with aiohttp.ClientSession() as session:
+            for _ in range(5):
+                url = f"https://127.0.0.1:{proc.port}/metrics/resource"
+                async with session.get(url, ssl=scraper) as resp:
+                    scraped = await resp.text()
+                assert resp.status == 200 and "pod_cpu_usage_seconds_total" in scraped, scraped[:300]
+        read = reads()
+        assert len(read) - before <= 1, [r.received for r in read]
+        assert read and all(r.succeeded for r in read), read
+        assert len(read) <= (time.time() - started) / (USAGE_INTERVAL * FRESH) + 1, [r.received for r in read]
     finally:
         await cleanup_and_stop(lab, offline, ns, proc)
 

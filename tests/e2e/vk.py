@@ -47,6 +47,11 @@ class VkProcess:
     def log_path(self) -> Path:
         return self.workdir / f"{self.node}{'-' + self.replica if self.replica else ''}.log"
 
+    @property
+    def tmp(self) -> Path:
+        """The process's TMPDIR: what it leaves there after a stop or a kill -9 is left on disk."""
+        return self.workdir / f"{self.node}{'-' + self.replica if self.replica else ''}-tmp"
+
     def config(self) -> Path:
         config: dict[str, Any] = {
             "kube": {"kubeconfig": str(self.lab.kubeconfig("offline"))},
@@ -67,13 +72,14 @@ class VkProcess:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(exist_ok=True)
         config = self.config()
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vkprovider.cli", "run", "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(self.tmp)),
         )
         log.close()
         self.starts += 1

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from federation.usage.reader import MetricsReader
 from federation.usage.summary import ContainerSample, CpuCounters, PodSample, pod_sample, seconds_of, summary
 from vkprovider.httpapi.resourcemetrics import resource_metrics
 from vkprovider.times import epoch
@@ -142,3 +143,41 @@ def test_resource_metrics_as_the_kubelet_writes_them() -> None:
 def test_an_empty_node_reports_no_usage() -> None:
     text = resource_metrics(summary("vk", [], CpuCounters(), node_started=T0))
     assert "node_cpu_usage_seconds_total 0 " in text and "container_" not in text
+
+
+class _Member:
+    """A member's Metrics API reduced to what the reader asks of it, with a clock each read
+    advances by its own length (a fake: the reader's cache is pure timing logic; the real API is
+    read in tests/e2e/test_top.py)."""
+
+    def __init__(self, now: list[float], read_takes: float) -> None:
+        self.now, self.read_takes, self.reads = now, read_takes, 0
+
+    async def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        self.reads += 1
+        self.now[0] += self.read_takes
+        return {"items": [_metrics("2026-12-05T10:00:00Z", "1m", "1Mi")]}
+
+
+@pytest.mark.parametrize("late", [-0.2, -0.05, 0.0, 0.05])
+async def test_a_scraper_on_the_intervals_period_gets_a_fresh_read_each_time(late: float) -> None:
+    """metrics-server at 10 s against the default 10 s interval: each scrape, a little early or
+    late, reads the member anew; one stamped when its read ended made every other one reuse it."""
+    now = [0.0]
+    member = _Member(now, read_takes=0.3)
+    reader = MetricsReader(interval=10.0, selector=lambda: "x", clock=lambda: now[0])
+    for scrape in range(6):
+        now[0] = scrape * 10.0 + (late if scrape else 0.0)
+        await reader.samples("m", member, set())  # type: ignore[arg-type]
+    assert member.reads == 6
+
+
+async def test_scrapes_more_often_than_the_interval_share_one_read() -> None:
+    now = [0.0]
+    member = _Member(now, read_takes=0.3)
+    reader = MetricsReader(interval=10.0, selector=lambda: "x", clock=lambda: now[0])
+    for scrape in range(20):  # every 1.5 s for 30 s: reads at 0, 9, 18 and 27 (fresh for 0.9 of 10 s)
+        now[0] = scrape * 1.5
+        samples = await reader.samples("m", member, set())  # type: ignore[arg-type]
+        assert ("m-ns", "m-pod") in samples
+    assert member.reads == 4
