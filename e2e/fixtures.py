@@ -183,7 +183,7 @@ def _in_chain(nodeid: str) -> bool:
 #: Long tests that share every cluster, handed to a worker only once every test before them in
 #: the run's order has ended (if another test is left to hand out instead). One started while a
 #: test that runs alone is still queued on the other worker holds that test, and its worker, for
-#: its whole length: the restart harness (about 126 s) kept a worker idle that long so.
+#: its whole length: the restart harness (about 126 s then, 90 s now) kept a worker idle that long so.
 LATE_FILES = ("tests/e2e/test_restart_harness.py",)
 
 

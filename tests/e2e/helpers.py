@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -197,3 +197,26 @@ async def can_i(client: KubeClient, namespace: str) -> dict[str, set[str]]:
                 key = (name if group == "" else f"{name}.{group}") + (f"/{sub}" if sub else "")
                 rules.setdefault(key, set()).update(rule.get("verbs") or [])
     return rules
+
+
+async def settle(*tasks: asyncio.Task[T]) -> list[T]:
+    """Wait until every task has ended, each to its end whatever the others do (a cleanup, an
+    onboard or offboard cut off in flight would go on writing), then raise the failure, or all of
+    them as a group; the results. Cancelled ourselves, we cancel them and wait for them."""
+    try:
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for task in tasks:  # only if we were cancelled: otherwise every task has ended
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise BaseExceptionGroup(f"{len(failed)} of {len(tasks)} tasks failed", failed)
+    return results  # type: ignore[return-value]  # no BaseException among them
+
+
+async def together(*named: tuple[str, Coroutine[Any, Any, Any]]) -> None:
+    """Run each (name, coroutine) as a task of that name, side by side, as `settle` waits."""
+    await settle(*(asyncio.create_task(work, name=name) for name, work in named))

@@ -18,7 +18,7 @@ import pytest_asyncio
 from e2e.fixtures import Lab
 from federation import jobs, labels
 from federation.jobs import JobRef
-from tests.e2e.helpers import KILL_TRIALS, changes_during, delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import KILL_TRIALS, changes_during, delete_namespace, eventually, make_namespace, pods, settle
 from tests.e2e.memberwatch import MemberWatch, partial_spans
 from tests.e2e.test_federation_capacity import federation_vk
 from tests.e2e.vk import VkProcess
@@ -464,6 +464,9 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
     proc = federation_vk(lab, tmp_path, KILL_MEMBERS)
     await start_synced(proc)
     rng = random.Random(32)
+    # Each trial's cleanup runs beside the next trials: its namespace, pods and member pods are
+    # apart from theirs (their watches select their own job), and the members have room for both.
+    cleanups: list[asyncio.Task[None]] = []
     try:
         for trial in range(KILL_TRIALS):
             ns = await make_namespace(offline, f"kill{trial}-{uuid.uuid4().hex[:5]}")
@@ -530,9 +533,12 @@ async def test_kill_9_during_gang_dispatch_never_leaves_a_partial_gang(
                 try:
                     await watch.stop()
                 finally:
-                    await cleanup(lab, offline, ns)  # while the provider runs: it deletes the member pods
+                    cleanups.append(asyncio.create_task(cleanup(lab, offline, ns), name=f"test/cleanup-{ns}"))
     finally:
-        proc.ensure_stopped()
+        try:
+            await settle(*cleanups)  # while the provider runs: it deletes the member pods
+        finally:
+            proc.ensure_stopped()
 
 
 @pytest.mark.shares_lab

@@ -5,7 +5,10 @@ disabled (or the object still there, held by our finalizer, with its deletionTim
 it again from what member-1 holds, and keeps the notices' deadlines: every pod ends Failed,
 Reclaimed with DisruptionTarget, member-1 deleted each once and none before its deadline (its
 audit log), nothing of ours is left there, and the member ends disabled (or the object goes,
-only once drained)."""
+only once drained).
+
+The two cases run side by side in one test, each with its own scene (its own provider and
+MemberCluster over member-1), each to its end whatever the other does; a failure names its case."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import pytest
 
 from e2e import audit
 from e2e.fixtures import Lab
-from tests.e2e.helpers import KILL_TRIALS, MEMBERS, eventually
+from tests.e2e.helpers import KILL_TRIALS, MEMBERS, eventually, settle
 from tests.e2e.memberwatch import PODS, MemberWatch
 from tests.e2e.reclaim_scene import MEMBER, Scene, front_pod, start_scene, stop_scene
 from tests.e2e.test_federation_capacity import SCENE_LABEL
@@ -30,7 +33,7 @@ from vkprovider.kube import KubeClient, NotFound
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 NOTICE = 3.0
-#: Random kill moments per case: 3 (a trial takes about 10 s); the restart harness
+#: Random kill moments per case: 3 (a trial takes about 8 s); the restart harness
 #: (test_restart_harness) adds 5 more of a disabled member's drain beside an outage and a gang.
 TRIALS = 3 if KILL_TRIALS <= 5 else KILL_TRIALS
 RECLAIM_AT = "vkprovider.io/reclaim-at"
@@ -42,19 +45,29 @@ def _seconds(stamp: str) -> float:
 
 
 @pytest.mark.shares_lab
-async def test_a_disabled_member_is_drained_once_across_a_kill_9(lab: Lab, offline: KubeClient, tmp_path: Path) -> None:
-    await _trials(lab, offline, tmp_path, delete=False, seed=43)
-
-
-@pytest.mark.shares_lab
-async def test_a_deleted_member_is_drained_once_across_a_kill_9_then_goes(
+async def test_a_disabled_member_and_a_deleted_one_are_drained_once_across_a_kill_9(
     lab: Lab, offline: KubeClient, tmp_path: Path
 ) -> None:
-    await _trials(lab, offline, tmp_path, delete=True, seed=44)
+    """A disabled member is drained once and left disabled; a deleted one is drained once, then goes."""
+    cases = [
+        asyncio.create_task(_case(lab, offline, tmp_path, delete=False, seed=43), name="drain-restart/disabled"),
+        asyncio.create_task(_case(lab, offline, tmp_path, delete=True, seed=44), name="drain-restart/deleted"),
+    ]
+    await settle(*cases)
 
 
-async def _trials(lab: Lab, offline: KubeClient, tmp_path: Path, *, delete: bool, seed: int) -> None:
-    scene = await start_scene(lab, offline, tmp_path, notice=NOTICE)
+async def _case(lab: Lab, offline: KubeClient, tmp_path: Path, *, delete: bool, seed: int) -> None:
+    case = "deleted" if delete else "disabled"
+    try:
+        await _trials(lab, offline, tmp_path / case, delete=delete, seed=seed)
+    except BaseException as exc:
+        exc.add_note(f"in the case of a {case} member")
+        raise
+
+
+async def _trials(lab: Lab, offline: KubeClient, workdir: Path, *, delete: bool, seed: int) -> None:
+    workdir.mkdir()
+    scene = await start_scene(lab, offline, workdir, notice=NOTICE)
     rng = random.Random(seed)
     watch = MemberWatch(lab=lab, members=[MEMBER], selector="vkprovider.io/managed=true", paths=(PODS,))
     await watch.start()
@@ -147,7 +160,21 @@ async def _trial(
                 return member.get("enabled") is False and not member.get("draining")
 
             await eventually(settled, timeout=30, what=f"{what}: the member drained, left disabled")
-        await asyncio.sleep(1)  # the sampler's last looks, and member-1's audit log written
+        # The sampler's last look, taken after the end (nothing of ours left, the member settled).
+        looks = len(samples)
+
+        async def looked_again() -> bool:
+            if sampler.done():
+                sampler.result()  # its failure
+            return len(samples) > looks
+
+        await eventually(looked_again, timeout=30, what=f"{what}: the sampler's look after the end")
+        # member-1's audit log written: a delete of each pod recorded (judged below, with a
+        # clearer message than a timeout's, whether or not it comes).
+        with contextlib.suppress(AssertionError):
+            await eventually(
+                lambda: _recorded(scene, names, began), timeout=10, interval=0.5, what=f"{what}: the deletes recorded"
+            )
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -161,16 +188,12 @@ async def _trial(
         assert target and target[0]["status"] == "True", (what, name, status)
     watch.check()
     deadlines: dict[str, float] = {}
-    for s in watch.history:  # the watch sees every managed pod in member-1: the other test's t0-0 too
+    for s in watch.history:  # the watch sees every managed pod in member-1: the other case's t0-0 too
         stamp = s.annotations.get(RECLAIM_AT)
         if s.namespace == scene.ns and s.name in names and stamp:
             deadlines.setdefault(s.name, _seconds(stamp))
             assert _seconds(stamp) == deadlines[s.name], f"{what}: {s.name}'s notice changed across the restart"
-    deletes: dict[str, list[float]] = {}
-    for r in audit.records(scene.lab.state, MEMBER, users={scene.user}):
-        ours = r.namespace == scene.ns and r.name in names
-        if r.verb == "delete" and r.resource == "pods" and ours and began <= r.received <= ended_at:
-            deletes.setdefault(r.name, []).append(r.received)
+    deletes = _deletes(scene, names, began, ended_at)
     assert set(deletes) == names, f"{what}: member-1 was asked to delete {sorted(deletes)}"
     for name, times in deletes.items():
         assert len(times) == 1, f"{what}: {name} deleted {len(times)} times"
@@ -202,6 +225,20 @@ async def _trial(
     await eventually(lendable, timeout=30, what=f"{what}: the member lending again")
     for name in names:
         await scene.offline.delete(f"/api/v1/namespaces/{scene.ns}/pods/{name}", params={"gracePeriodSeconds": 0})
+
+
+def _deletes(scene: Scene, names: set[str], began: float, until: float) -> dict[str, list[float]]:
+    """When member-1 received each delete of our pods between `began` and `until` (its audit log)."""
+    deletes: dict[str, list[float]] = {}
+    for r in audit.records(scene.lab.state, MEMBER, users={scene.user}):
+        ours = r.namespace == scene.ns and r.name in names
+        if r.verb == "delete" and r.resource == "pods" and ours and began <= r.received <= until:
+            deletes.setdefault(r.name, []).append(r.received)
+    return deletes
+
+
+async def _recorded(scene: Scene, names: set[str], began: float) -> bool:
+    return set(_deletes(scene, names, began, time.time())) == names
 
 
 def _said(scene: Scene) -> str:

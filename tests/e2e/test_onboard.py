@@ -29,6 +29,7 @@ from tests.e2e.helpers import (
     install_member_cluster_crd,
     make_namespace,
     pods,
+    settle,
 )
 from tests.e2e.test_federation_capacity import PUBLISH_INTERVAL, UNREACHABLE_GRACE
 from tests.e2e.test_outages import plain_pod
@@ -179,9 +180,17 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
         assert "ValidatingAdmissionPolicy" in out and "create" in out and "(dry run)" in out, out
         assert await labelled(lab, a) == {}
 
-        results = await asyncio.gather(
-            *[example("onboard", lab, a, m, agents[m]) for m in MEMBERS],
-            *[cli("onboard", *onboarding(b, m), "--quota", f"cpu={QUOTA_CPU}") for m in MEMBERS],
+        results = await settle(
+            *[
+                asyncio.create_task(example("onboard", lab, a, m, agents[m]), name=f"test/onboard-{a}-{m}")
+                for m in MEMBERS
+            ],
+            *[
+                asyncio.create_task(
+                    cli("onboard", *onboarding(b, m), "--quota", f"cpu={QUOTA_CPU}"), name=f"test/onboard-{b}-{m}"
+                )
+                for m in MEMBERS
+            ],
         )
         for rc, out in results:
             assert rc == 0, out
@@ -288,9 +297,16 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
         cpu = node_b["status"]["capacity"]["cpu"]
         assert int(cpu.removesuffix("m")) <= QUOTA_CPU * len(MEMBERS) * (1000 if cpu.endswith("m") else 1), cpu
 
-        # Offboard A: its pods leave through the reclaim path, nothing labelled A is left, B runs on.
-        for member in MEMBERS:
-            rc, out = await example("offboard", lab, a, member, agents[member])
+        # Offboard A from both members at once (each run drains and deletes only what is of its
+        # MemberCluster and member): its pods leave through the reclaim path, nothing labelled A
+        # is left, B runs on.
+        offboarded = await settle(
+            *[
+                asyncio.create_task(example("offboard", lab, a, m, agents[m]), name=f"test/offboard-{a}-{m}")
+                for m in MEMBERS
+            ]
+        )
+        for rc, out in offboarded:
             assert rc == 0, out
         assert await labelled(lab, a) == {}
         ended = await pods(offline, ns_a)
@@ -302,9 +318,15 @@ async def test_onboarded_tenants_run_apart_and_offboarding_one_leaves_nothing_of
     finally:
         for proc in procs:
             proc.ensure_stopped()
-        for tenant in (a, b):
-            for member in MEMBERS:
-                await cli("offboard", *clusters(lab, tenant, member), "--force")
+        await settle(
+            *[
+                asyncio.create_task(
+                    cli("offboard", *clusters(lab, tenant, member), "--force"), name=f"test/offboard-{tenant}-{member}"
+                )
+                for tenant in (a, b)
+                for member in MEMBERS
+            ]
+        )
         for ns in (ns_a, ns_b):
             await delete_namespace(offline, ns)
         stack.close()

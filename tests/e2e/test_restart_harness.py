@@ -6,13 +6,19 @@ within the timing a restart may cost.
 The three scenarios run side by side, each with its own provider, so one test run's time covers
 all of them:
 - outage: member-3, reached through a proxy the test cuts (tests.e2e.cutproxy: an outage for
-  this provider only), `pods_lost_after` 15 s: both pods end Failed MemberLost, never before 15 s
-  without an answer, and at most 15 s (plus slack) after the restart when nothing was recorded;
-- gang wait: a gang of two pods no member can host (9 GPUs each), timeout 15 s: both end Failed
-  GangTimeout, told once each, at about 15 s from the wait's start, not 15 s after the restart;
+  this provider only), `unreachable_grace` 4 s and `pods_lost_after` 11 s: both pods end Failed
+  MemberLost, never before 11 s without an answer, and at most 11 s (plus slack) after the
+  restart when nothing was recorded; of the kills (at 1 to 9 s) two fall before the outage is
+  recorded on the pods (at the grace from the member's last answer: 2 to 4 s after the cut) and
+  three after;
+- gang wait: a gang of two pods no member can host (9 GPUs each), timeout 10 s: both end Failed
+  GangTimeout, told once each, at about 10 s from the wait's start, not 10 s after the restart;
 - drain: member-1 as a MemberCluster, disabled while two pods of ours run there with a 3 s
   notice: both end Failed Reclaimed with DisruptionTarget, each deleted once in member-1 and not
   before its deadline, nothing left there, and the member ends disabled.
+
+A trial's clean-up (its namespaces and pods deleted) runs beside the next trials, in their own
+namespaces; an outage trial cuts the proxy only once the earlier ones' member pods are gone.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import pytest
 from e2e import audit
 from e2e.fixtures import Lab
 from tests.e2e.cutproxy import CutProxy
-from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods
+from tests.e2e.helpers import delete_namespace, eventually, make_namespace, pods, settle
 from tests.e2e.reclaim_scene import front_pod, start_scene, stop_scene
 from tests.e2e.test_dispatch import cleanup, pod_group
 from tests.e2e.test_federation_capacity import federation_vk
@@ -42,8 +48,11 @@ from vkprovider.kube import KubeClient
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 RESTART_TRIALS = 5
-LOST_AFTER = 15.0
-GANG_TIMEOUT = 15.0
+#: The outage's clocks: the provider's unreachable grace (at its end the outage is recorded on
+#: the pods) and pods_lost_after, both from the member's last answer.
+OUTAGE_GRACE = 4.0
+LOST_AFTER = 11.0
+GANG_TIMEOUT = 10.0
 NOTICE = 3.0
 PODGROUPS = "/apis/scheduling.k8s.io/v1beta1"
 
@@ -114,7 +123,15 @@ async def _outage(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rand
     proc.overrides["provider.federation"]["members"] = [
         {"name": "member-3", "kubeconfig": str(proxy.kubeconfig(workdir / "member-3.yaml"))}
     ]
+    proc.overrides["provider.federation"]["unreachable_grace"] = OUTAGE_GRACE
     proc.overrides["provider.federation"]["pods_lost_after"] = LOST_AFTER
+    cleanups: list[asyncio.Task[None]] = []
+
+    async def clean(n: int, ns: str) -> None:
+        await delete_namespace(offline, ns)
+        async with lab.client("member-3") as member:
+            await eventually(lambda: _none(member, ns), timeout=60, what=f"outage {n}: member pods gone")
+            await delete_namespace(member, ns)
 
     async def trial(n: int, kill_at: float | None) -> dict[str, State]:
         ns = await make_namespace(offline, f"rh-outage-{n}-{uuid.uuid4().hex[:4]}")
@@ -127,6 +144,8 @@ async def _outage(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rand
                 return len(items) == 2 and all(p["status"].get("phase") == "Running" for p in items)
 
             await eventually(running, timeout=60, what=f"outage {n}: pods running")
+            # The earlier trials' member pods are gone (the provider deletes them through the proxy).
+            await settle(*cleanups)
             proxy.cut()
             cut_at = time.time()
             try:
@@ -142,17 +161,17 @@ async def _outage(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Rand
             assert took - counted_from <= LOST_AFTER + 2 * SLACK, f"outage {n}: lost {took - counted_from:.1f}s late"
             return {name: _state(pod) for name, pod in ended.items()}
         finally:
-            await delete_namespace(offline, ns)
-            async with lab.client("member-3") as member:
-                await eventually(lambda: _none(member, ns), timeout=60, what=f"outage {n}: member pods gone")
-                await delete_namespace(member, ns)
+            cleanups.append(asyncio.create_task(clean(n, ns), name=f"restarts/outage-cleanup-{n}"))
 
     try:
         await _started(proc)
         await _trials("outage", trial, LOST_AFTER + 4.0, rng)
     finally:
-        proc.ensure_stopped()
-        await proxy.stop()
+        try:
+            await settle(*cleanups)  # while the provider runs, the proxy mended: it deletes the member pods
+        finally:
+            proc.ensure_stopped()
+            await proxy.stop()
 
 
 async def _none(client: KubeClient, ns: str) -> bool:
@@ -170,6 +189,9 @@ async def _gang(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Random
         "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
     }
     gpus = {"requests": {"cpu": "1", "nvidia.com/gpu": "9"}, "limits": {"nvidia.com/gpu": "9"}}
+    #: Each trial's clean-up runs beside the next ones: its pods never leave the front end (no
+    #: member can host them), and its namespace, job and Events are apart from theirs.
+    cleanups: list[asyncio.Task[None]] = []
 
     async def trial(n: int, kill_at: float | None) -> dict[str, State]:
         ns = await make_namespace(offline, f"rh-gang-{n}-{uuid.uuid4().hex[:4]}")
@@ -219,13 +241,16 @@ async def _gang(lab: Lab, offline: KubeClient, workdir: Path, rng: random.Random
             assert set(counts.values()) == {1}, f"gang {n}: told {counts}"
             return {name: _state(pod) for name, pod in ended.items()}
         finally:
-            await cleanup(lab, offline, ns)
+            cleanups.append(asyncio.create_task(cleanup(lab, offline, ns), name=f"restarts/gang-cleanup-{n}"))
 
     try:
         await _started(proc)
         await _trials("gang", trial, GANG_TIMEOUT, rng)
     finally:
-        proc.ensure_stopped()
+        try:
+            await settle(*cleanups)  # while the provider runs: it lets the front-end pods go
+        finally:
+            proc.ensure_stopped()
 
 
 # -- drain ---------------------------------------------------------------------------------------

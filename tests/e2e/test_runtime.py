@@ -547,7 +547,17 @@ async def test_leader_election_hands_over_without_double_writes(lab: Lab, offlin
     election_ns = await make_namespace(offline, f"ha-el-{tag}")
     users = {r: f"ha-{r}-{tag}" for r in ("a", "b", "c")}
     identities = {r: await _replica_identity(lab, offline, u, election_ns) for r, u in users.items()}
-    settings = {"leader_election.enabled": True, "leader_election.namespace": election_ns}
+    # A takeover waits lease_duration from the last renewal a standby saw; a deposed leader stops
+    # renew_deadline after its last renewal: 10 s and 6 s leave it 4 s to be quiet before the
+    # next writes (the defaults' 15 s and 10 s leave 5 s; a write in flight on a loaded machine
+    # needs the room more than the test needs the seconds). Renewals every second.
+    settings = {
+        "leader_election.enabled": True,
+        "leader_election.namespace": election_ns,
+        "leader_election.lease_duration": 10.0,
+        "leader_election.renew_deadline": 6.0,
+        "leader_election.retry_period": 1.0,
+    }
 
     def replica(r: str) -> VkProcess:
         proc: VkProcess = vk(
@@ -603,13 +613,13 @@ async def test_leader_election_hands_over_without_double_writes(lab: Lab, offlin
         stop_churn = asyncio.Event()
         churn = asyncio.create_task(_churn(offline, ns, node, stop_churn), name="test/churn")
         try:
-            await asyncio.sleep(3)
+            await asyncio.sleep(1.5)  # pods created under the second leader before its Lease is lost
             await offline.delete(identities["b"][1])  # the second leader's right to its Lease
             revoked = time.time()
             code = await asyncio.to_thread(second.proc.wait, 60)  # type: ignore[union-attr]
             assert code != 0, "a replica that lost its Lease exits with an error"
             await third.wait_ready(timeout=60)
-            await asyncio.sleep(3)
+            await asyncio.sleep(1.5)  # and under the third
         finally:
             stop_churn.set()  # not cancel: a create cut off in flight may land uncounted
             created = await asyncio.gather(churn, return_exceptions=True)

@@ -19,6 +19,7 @@ import yaml
 
 from e2e import lab as lab_mod
 from e2e.fixtures import Lab
+from e2e.state import LabState
 from federation import labels
 from federation.agent.client import AgentSource
 from federation.config import MemberConfig
@@ -32,8 +33,18 @@ from tests.e2e.helpers import (
     make_namespace,
     pods,
     service_account_kubeconfig,
+    settle,
 )
-from tests.e2e.test_onboard import DENIED, FRONT_NS, cli, clusters, credential, refused, tenant_pod, tenant_provider
+from tests.e2e.test_onboard import (
+    DENIED,
+    FRONT_NS,
+    cli,
+    clusters,
+    credential,
+    refused,
+    tenant_pod,
+    tenant_provider,
+)
 from tests.e2e.vk import VkProcess
 from vkprovider.kube import KubeClient, load_kubeconfig
 
@@ -280,9 +291,9 @@ async def test_tenant_tokens_renew_and_a_deleted_binding_cuts_the_provider_off(
     t = f"k{uuid.uuid4().hex[:5]}"
     work = await make_namespace(offline, f"work-{t}")
     proc = tenant_provider(lab, tmp_path, t)
-    # A renewal every 12 s of a 10-minute token (the shortest the apiserver issues), and a
-    # check every 5 s.
-    proc.overrides["provider.federation"].update({"token_renew_after": 0.02, "credential_probe_interval": 5})
+    # A renewal every 3 s of a 10-minute token (the shortest the apiserver issues), and a
+    # check every 2 s.
+    proc.overrides["provider.federation"].update({"token_renew_after": 0.005, "credential_probe_interval": 2})
     secret_path = f"/api/v1/namespaces/{FRONT_NS}/secrets/{t}-{MEMBER}-kubeconfig"
 
     async def stored_expiry() -> float:
@@ -310,6 +321,9 @@ async def test_tenant_tokens_renew_and_a_deleted_binding_cuts_the_provider_off(
             await offline.create(f"/api/v1/namespaces/{work}/pods", tenant_pod("after", proc.node))
             await eventually(lambda: running(offline, work, 1), timeout=60, what="a pod after three renewals")
             assert await stored_expiry() > first
+            # The provider rewrites the Secret at each renewal, but onboarding writes it only when
+            # its token must be replaced (another server or binding, or a third of its life left):
+            # the renewed one, with 597 s or more of its 600 s left, is kept, whenever it is read.
             rc, out = await cli(
                 "onboard", *clusters(lab, t, MEMBER), "--agent-address", agents[MEMBER], "--token-ttl", "600"
             )
@@ -343,17 +357,33 @@ async def test_two_front_ends_whose_nodes_share_a_name_keep_to_their_own_pods(
     suffix = uuid.uuid4().hex[:4]
     a, b = f"a{suffix}", f"b{suffix}"
     node = f"vk-{suffix}"  # both front ends name their node so
-    second = await lab_mod.up(tmp_path / "second-front-end", lab_mod.LabSpec(members=0))
-    front_b = second.kubeconfig("offline")
+    seconds: list[LabState] = []  # the second front end's lab, once up
     procs: list[VkProcess] = []
     try:
-        async with KubeClient(load_kubeconfig(front_b)) as offline_b:
-            await install_member_cluster_crd(offline_b)
-            work_a = await make_namespace(offline, f"work-{a}")
-            work_b = await make_namespace(offline_b, f"work-{b}")
-            with capacity_agents(lab, [MEMBER], tmp_path) as agents:
+        with capacity_agents(lab, [MEMBER], tmp_path) as agents:
+
+            async def front_end_a() -> str:
+                work = await make_namespace(offline, f"work-{a}")
                 await onboard(lab, a, agents[MEMBER])
-                await onboard(lab, b, agents[MEMBER], front=front_b)
+                return work
+
+            async def front_end_b() -> tuple[Path, str]:
+                """The second front end, up, with tenant B onboarded from it onto the same member."""
+                seconds.append(await lab_mod.up(tmp_path / "second-front-end", lab_mod.LabSpec(members=0)))
+                front = seconds[0].kubeconfig("offline")
+                async with KubeClient(load_kubeconfig(front)) as client:
+                    await install_member_cluster_crd(client)
+                    work = await make_namespace(client, f"work-{b}")
+                await onboard(lab, b, agents[MEMBER], front=front)
+                return front, work
+
+            # A's onboarding while the second front end starts (the two tenants' onboardings
+            # share only the member's PriorityClasses, each marked per tenant).
+            task_a = asyncio.create_task(front_end_a(), name=f"test/front-end-{a}")
+            task_b = asyncio.create_task(front_end_b(), name=f"test/front-end-{b}")
+            await settle(task_a, task_b)
+            work_a, (front_b, work_b) = task_a.result(), task_b.result()
+            async with KubeClient(load_kubeconfig(front_b)) as offline_b:
                 proc_a = tenant_provider(lab, tmp_path / "a", a)
                 proc_b = tenant_provider(lab, tmp_path / "b", b)
                 proc_b.overrides["kube.kubeconfig"] = str(front_b)
@@ -362,7 +392,10 @@ async def test_two_front_ends_whose_nodes_share_a_name_keep_to_their_own_pods(
                 procs += [proc_a, proc_b]
                 for proc in procs:
                     proc.start()
-                await asyncio.gather(*(p.wait_ready() for p in procs))
+                await settle(
+                    asyncio.create_task(proc_a.wait_ready(), name=f"test/ready-{a}"),
+                    asyncio.create_task(proc_b.wait_ready(), name=f"test/ready-{b}"),
+                )
                 for i in range(2):
                     await offline.create(f"/api/v1/namespaces/{work_a}/pods", tenant_pod(f"p{i}", node))
                     await offline_b.create(f"/api/v1/namespaces/{work_b}/pods", tenant_pod(f"p{i}", node))
@@ -416,7 +449,13 @@ async def test_two_front_ends_whose_nodes_share_a_name_keep_to_their_own_pods(
     finally:
         for proc in procs:
             proc.ensure_stopped()
-        await offboard(lab, a)
-        await offboard(lab, b, front=front_b)
-        await delete_namespace(offline, f"work-{a}")
-        lab_mod.teardown(second)
+        try:
+            offboards = [asyncio.create_task(offboard(lab, a), name=f"test/offboard-{a}")]
+            for second in seconds:  # B was onboarded only from the second front end, once up
+                front = second.kubeconfig("offline")
+                offboards.append(asyncio.create_task(offboard(lab, b, front=front), name=f"test/offboard-{b}"))
+            await settle(*offboards)
+            await delete_namespace(offline, f"work-{a}")
+        finally:
+            for second in seconds:
+                lab_mod.teardown(second)
