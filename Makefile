@@ -48,10 +48,12 @@ lint: $(STAMP)
 	$(LINT)
 
 # The lint runs beside the tests (its minute overlaps the lab's start); either failing fails the
-# target, and the lint's output follows the tests'.
+# target, and the lint's output follows the tests'. Three workers on two cores: the tests mostly
+# wait on the lab's timers (the machine was 51 % busy on average with two workers), and turns at
+# the lab (e2e.turns) keep apart those that cannot share it.
 test: $(STAMP) binaries browser
 	@log=$$(mktemp); ( $(LINT) ) > $$log 2>&1 & linting=$$!; \
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder --durations=0 --durations-min=15 tests; \
+	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadscope --no-loadscope-reorder --durations=0 --durations-min=15 tests; \
 	tested=$$?; wait $$linting; linted=$$?; cat $$log; rm -f $$log; \
 	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi; exit $$tested
 
