@@ -5,7 +5,7 @@ Set `VKPROVIDER_LAB_STATE=DIR` to run the tests against a lab already up in DIR 
 fixture starts 3 members x 20 nodes and 4 native offline nodes in a temporary directory and
 stops it at the end of the session.
 
-Under pytest-xdist (`-n 2`) the workers share one lab: the first to need it starts it in the
+Under pytest-xdist (`-n 3` in `make test`) the workers share one lab: the first to need it starts it in the
 run's base temporary directory, the others find it there, and the controller stops it when the
 run ends. Each lab test then takes a turn (e2e.turns): tests marked `shares_lab` run beside
 each other, every other lab test runs alone.
