@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from e2e.fixtures import Lab
-from tests.e2e.helpers import changes_during, delete_namespace, eventually, make_namespace, pods, together
+from tests.e2e.helpers import changes_during, delete_namespace, eventually, make_namespace, pods, settle, together
 from tests.e2e.reclaim_scene import MEMBER, Scene, front_pod, start_scene, stop_scene
 from vkprovider.kube import AlreadyExists, KubeClient
 
@@ -88,12 +88,7 @@ async def _hold(scene: Scene, allowed: set[str], seconds: float) -> None:
             )
             for where, client in clients.items()
         }
-        try:
-            await asyncio.gather(*watches.values())
-        finally:
-            for task in watches.values():
-                task.cancel()
-            await asyncio.gather(*watches.values(), return_exceptions=True)
+        await settle(*watches.values())
     seen: set[str] = set()
     for where in clients:
         seen |= {p["metadata"]["name"] for p in listed[where]["items"] if _noticed(p)}
